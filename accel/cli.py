@@ -1,0 +1,173 @@
+"""`accel` command line. Heavy libraries are imported inside the commands: `--help` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from accel.config import DEFAULT_CONFIG, Config, ConfigError
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line and exit 2, like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"accel: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def load_config(items: list[str]) -> Config:
+    """`[CONFIG] [KEY=VALUE ...]`: the first item is the config file unless it is an override."""
+    from accel import config
+
+    path: str | Path | None = None
+    if items and "=" not in items[0]:
+        path, items = items[0], items[1:]
+    elif DEFAULT_CONFIG.exists():
+        path = DEFAULT_CONFIG
+    return config.load(path, items)
+
+
+def _quiet_libraries() -> None:
+    for name in ("alembic", "mlflow", "optuna", "ignite"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from accel.train import describe, train
+
+    cfg = load_config(args.items)
+    if args.tracking_uri:
+        cfg.tracking.uri = args.tracking_uri
+    if args.experiment:
+        cfg.tracking.experiment = args.experiment
+    result = train(cfg)
+    print(describe(result))
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from accel import search
+
+    return search.cli_tune(args, load_config(args.items))
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from accel import search
+
+    return search.cli_best(args)
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from accel import reproduce
+
+    return reproduce.cli_reproduce(args)
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from accel import ablation
+
+    return ablation.cli_ablate(args, load_config(args.items))
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from accel.tracking import Tracker
+
+    tracker = Tracker(args.tracking_uri)  # creates the local store if it is missing
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port),
+           "--backend-store-uri", tracker.uri]
+    if tracker.artifact_root:
+        cmd += ["--default-artifact-root", tracker.artifact_root]
+    print(f"MLflow UI on http://127.0.0.1:{args.port} (Ctrl-C stops it)", file=sys.stderr)
+    return subprocess.call(cmd)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="accel", description=__doc__.split(".")[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    def command(name: str, help: str, func) -> Parser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    def config_args(p: Parser) -> None:
+        p.add_argument("items", nargs="*", metavar="[CONFIG] [KEY=VALUE]",
+                       help=f"experiment YAML (default {DEFAULT_CONFIG}) then dotted overrides, "
+                       "e.g. train.lr=3e-3 model.name=resnet18")
+
+    def tracking_arg(p: Parser) -> None:
+        p.add_argument("--tracking-uri", metavar="URI",
+                       help="MLflow store (default $MLFLOW_TRACKING_URI or sqlite:///mlruns/mlflow.db)")
+
+    p = command("train", "train one model and log the run to MLflow", cmd_train)
+    config_args(p)
+    tracking_arg(p)
+    p.add_argument("--experiment", metavar="NAME", help="MLflow experiment (default: config name)")
+
+    def storage_arg(p: Parser) -> None:
+        p.add_argument("--storage", metavar="URL",
+                       help="Optuna storage: a journal file path or an RDB URL "
+                       "(default mlruns/optuna.journal)")
+
+    p = command("tune", "run an Optuna study; every trial is one tracked training run", cmd_tune)
+    config_args(p)
+    p.add_argument("--study", metavar="NAME", help="study name (default: config name)")
+    p.add_argument("--n-trials", type=int, metavar="N", help="trials for this invocation")
+    p.add_argument("--timeout", type=float, metavar="S", help="stop starting trials after S s")
+    storage_arg(p)
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes")
+    tracking_arg(p)
+
+    p = command("best", "print a study's best trial, its MLflow run and how to reproduce it",
+                cmd_best)
+    p.add_argument("--study", required=True, metavar="NAME")
+    storage_arg(p)
+    tracking_arg(p)
+
+    p = command("reproduce", "rerun a logged run from MLflow and compare the numbers",
+                cmd_reproduce)
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--seeds", type=int, default=1, metavar="K", help="logged seed + K-1 more")
+    p.add_argument("--tolerance", type=float, default=0.005, metavar="T",
+                   help="allowed absolute difference on the search metric")
+    tracking_arg(p)
+
+    p = command("ablate", "time every on/off combination of GA, AMP and pinned memory",
+                cmd_ablate)
+    config_args(p)
+    p.add_argument("--techniques", default="ga,amp,pm", metavar="LIST",
+                   help="comma list from ga, amp, pm, channels_last, compile")
+    p.add_argument("--repeats", type=int, default=1, metavar="R")
+    tracking_arg(p)
+
+    p = command("ui", "open the MLflow UI on the project's store (bound to 127.0.0.1)", cmd_ui)
+    p.add_argument("--port", type=int, default=5000)
+    tracking_arg(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_libraries()
+    try:
+        return args.func(args) or 0
+    except ConfigError as e:
+        print(f"accel: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("accel: interrupted; the run was marked KILLED", file=sys.stderr)
+        return 130
+    except RuntimeError as e:
+        if type(e).__name__ != "NonFiniteLoss":
+            raise
+        print(f"accel: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

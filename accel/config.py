@@ -1,0 +1,329 @@
+"""One typed config for a whole run: YAML in, dotted `KEY=VALUE` overrides, validation.
+
+Every setting lives here. The CLI only overrides it, and the resolved config is logged whole
+(as MLflow params and as `config.yaml`), so `accel train config.yaml` reruns a run exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
+AMP_MODES = ("off", "auto", "bf16", "fp16")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULERS = ("cosine", "constant")
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_CONFIG = Path("experiments/quickstart.yaml")
+
+
+class ConfigError(ValueError):
+    """Bad user input: the CLI prints the message as one line and exits 2."""
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "digits"
+    root: str = "data"  # where cifar10/cifar100/imagefolder files live
+    download: bool = False  # torchvision download; needs a network
+    val_fraction: float = 0.1  # of the training split, held out with `train.seed`
+    num_workers: int = 0
+    pin_memory: bool = True  # page-locked batches + non_blocking copies; only with an accelerator
+    in_memory: bool = False  # decode an image dataset once and keep it as one uint8 tensor
+    augment: bool = True  # random crop + flip on image datasets (not digits)
+    train_limit: int | None = None  # use only the first N training images (quick experiments)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "resnet10t"  # any timm model name
+    pretrained: bool = False
+    img_size: int | None = None  # input side in pixels; None = the dataset's own
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 5
+    batch_size: int = 64  # images per micro-batch (one forward/backward)
+    accumulation_steps: int = 1  # micro-batches per optimizer update
+    amp: str = "auto"  # auto: bf16 on CUDA (fp16 + loss scaling on older GPUs), fp32 on CPU
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.05  # not applied to norms and biases
+    momentum: float = 0.9  # sgd only
+    clip_grad_norm: float | None = None  # max global L2 norm of the gradients; None = off
+    scheduler: str = "cosine"
+    warmup_epochs: float = 0.0
+    label_smoothing: float = 0.0
+    seed: int = 0
+    device: str = "auto"
+    channels_last: bool = False
+    compile: bool = False
+    deterministic: bool = False
+    epoch_length: int | None = None  # micro-batches per epoch; None = the whole training set
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.batch_size * self.accumulation_steps
+
+
+@dataclass
+class SearchConfig:
+    metric: str = "val_accuracy"
+    direction: str = "maximize"
+    n_trials: int = 10
+    sampler: str = "tpe"
+    pruner: str = "median"
+    space: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrackingConfig:
+    uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db
+    experiment: str | None = None  # None: the config's name
+    log_checkpoint: bool = True
+
+
+@dataclass
+class Config:
+    name: str = "quickstart"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def flat(self) -> dict[str, Any]:
+        """The whole config as `{"train.lr": 0.001, ...}`; nested dicts are flattened too."""
+        return flatten(self.to_dict())
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+# --- building a Config from plain data -------------------------------------------------------
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_section(tp: Any) -> bool:
+    return dataclasses.is_dataclass(tp)
+
+
+def _base_type(tp: Any) -> tuple[Any, bool]:
+    """`int | None` -> (int, True); `float` -> (float, False)."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def coerce(key: str, value: Any, tp: Any) -> Any:
+    """Cast `value` (from YAML, an override string or an MLflow param) to the field type."""
+    base, optional = _base_type(tp)
+    if value is None or (isinstance(value, str) and value.strip().lower() in {"null", "none", "~"}):
+        if optional:
+            return None
+        raise ConfigError(f"{key}=None: a value is required ({_type_name(base)})")
+    try:
+        if base is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError
+        if base is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value) if not isinstance(value, str) else int(value.strip())
+        if base is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if base is str:
+            if isinstance(value, dict | list):
+                raise ValueError
+            return str(value)
+        if typing.get_origin(base) is dict or base is dict:
+            parsed = yaml.safe_load(value) if isinstance(value, str) else value
+            if not isinstance(parsed, dict):
+                raise ValueError
+            return parsed
+    except (TypeError, ValueError, yaml.YAMLError):
+        raise ConfigError(
+            f"{key}={value!r}: expected {_type_name(base)}{' or null' if optional else ''}"
+        ) from None
+    return value
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is dict or tp is dict:
+        return "a mapping"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
+        tp, str(tp)
+    )
+
+
+def _keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    for name, tp in _hints(cls).items():
+        if _is_section(tp):
+            keys += _keys(tp, f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def all_keys() -> list[str]:
+    return _keys(Config)
+
+
+def _unknown_key(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, all_keys(), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see `accel train --help` for keys"
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = _hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in hints:
+            raise _unknown_key(dotted)
+        tp = hints[key]
+        if _is_section(tp):
+            if value is None:
+                value = {}
+            if not isinstance(value, dict):
+                raise ConfigError(f"{dotted}: expected a section of keys, got {value!r}")
+            kwargs[key] = _build(tp, value, f"{dotted}.")
+        else:
+            kwargs[key] = coerce(dotted, value, tp)
+    return cls(**kwargs)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    cfg = _build(Config, data)
+    validate(cfg)
+    return cfg
+
+
+def set_key(cfg: Config, key: str, value: Any) -> None:
+    """Set one dotted key in place, coercing `value` (often a string) to the field's type."""
+    *sections, leaf = key.split(".")
+    node: Any = cfg
+    for section in sections:
+        if not dataclasses.is_dataclass(node) or section not in _hints(type(node)):
+            raise _unknown_key(key)
+        node = getattr(node, section)
+    hints = _hints(type(node)) if dataclasses.is_dataclass(node) else {}
+    if leaf not in hints or _is_section(hints[leaf]):
+        raise _unknown_key(key)
+    setattr(node, leaf, coerce(key, value, hints[leaf]))
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or " " in key.strip():
+        raise ConfigError(f"malformed override '{text}': expected KEY=VALUE, e.g. train.lr=3e-3")
+    return key.strip(), value
+
+
+def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML experiment file (or the defaults), apply `KEY=VALUE` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read config file '{path}': {e.strerror or e}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"config file '{path}' is not valid YAML{where}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file '{path}' must hold a mapping of sections")
+    cfg = _build(Config, data)
+    if path is not None and "name" not in data:
+        cfg.name = Path(path).stem
+    for item in overrides:
+        set_key(cfg, *parse_override(item))
+    validate(cfg)
+    return cfg
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(choices)}")
+
+
+def validate(cfg: Config) -> None:
+    """Reject values that would fail later, with the key, the value and what is allowed."""
+    d, m, t, s = cfg.data, cfg.model, cfg.train, cfg.search
+    _choice("data.dataset", d.dataset, DATASETS)
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction={d.val_fraction}: must be in [0, 1)")
+    if d.num_workers < 0:
+        raise ConfigError(f"data.num_workers={d.num_workers}: must be >= 0")
+    if d.train_limit is not None and d.train_limit < 1:
+        raise ConfigError(f"data.train_limit={d.train_limit}: must be >= 1 or null")
+    if not m.name:
+        raise ConfigError("model.name is empty: give a timm model name, e.g. resnet18")
+    if m.img_size is not None and m.img_size < 1:
+        raise ConfigError(f"model.img_size={m.img_size}: must be >= 1 or null")
+    if t.epochs < 1:
+        raise ConfigError(f"train.epochs={t.epochs}: must be >= 1")
+    if t.batch_size < 1:
+        raise ConfigError(f"train.batch_size={t.batch_size}: must be >= 1")
+    if t.accumulation_steps < 1:
+        raise ConfigError(f"train.accumulation_steps={t.accumulation_steps}: must be >= 1")
+    if not t.lr > 0:
+        raise ConfigError(f"train.lr={t.lr}: must be > 0")
+    if t.weight_decay < 0:
+        raise ConfigError(f"train.weight_decay={t.weight_decay}: must be >= 0")
+    if t.clip_grad_norm is not None and not t.clip_grad_norm > 0:
+        raise ConfigError(f"train.clip_grad_norm={t.clip_grad_norm}: must be > 0 or null (off)")
+    if t.warmup_epochs < 0:
+        raise ConfigError(f"train.warmup_epochs={t.warmup_epochs}: must be >= 0")
+    if not 0.0 <= t.label_smoothing < 1.0:
+        raise ConfigError(f"train.label_smoothing={t.label_smoothing}: must be in [0, 1)")
+    if t.epoch_length is not None and t.epoch_length < 1:
+        raise ConfigError(f"train.epoch_length={t.epoch_length}: must be >= 1 or null")
+    _choice("train.amp", t.amp, AMP_MODES)
+    _choice("train.optimizer", t.optimizer, OPTIMIZERS)
+    _choice("train.scheduler", t.scheduler, SCHEDULERS)
+    _choice("train.device", t.device, DEVICES)
+    _choice("search.direction", s.direction, ("maximize", "minimize"))

@@ -1,0 +1,218 @@
+"""Datasets and DataLoaders: digits, cifar10, cifar100, imagefolder.
+
+Image datasets go through torchvision transforms v2; training batches come from pinned memory when
+an accelerator is used, so the host-to-device copy can run with `non_blocking=True`.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+from accel.config import Config, ConfigError
+
+# Per-channel statistics of the training sets, in [0, 1] pixel units.
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+DIGITS_MEAN, DIGITS_STD = (0.3, ), (0.4, )  # sklearn digits scaled from 0..16 to 0..1
+DIGITS_SIDE = 8
+CIFAR_SIDE = 32
+
+
+class DataError(ConfigError):
+    """Missing or unusable data: exit 2 with a line that says how to get it."""
+
+
+@dataclass
+class Data:
+    train: DataLoader
+    val: DataLoader
+    test: DataLoader | None
+    num_classes: int
+    in_chans: int
+    img_size: int
+    classes: list[str]
+
+
+def seed_worker(worker_id: int) -> None:
+    """Give each DataLoader worker its own numpy/random seed, derived from torch's."""
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """A seeded train/val split of `range(n)`: the same seed always holds out the same images."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = round(n * val_fraction)
+    return order[n_val:], order[:n_val]
+
+
+def _transforms(train: bool, size: int, native: int, mean, std, augment: bool):
+    from torchvision.transforms import v2
+
+    steps = [v2.ToImage()]
+    if size != native:
+        steps.append(v2.Resize((size, size), antialias=True))
+    if train and augment:
+        steps += [v2.RandomCrop(size, padding=size // 8), v2.RandomHorizontalFlip()]
+    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+    return v2.Compose(steps)
+
+
+class TensorImages(Dataset):
+    """Decoded uint8 images held in memory ([N, C, H, W]) with a per-sample transform."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.transform(self.images[i]), int(self.labels[i])
+
+
+@functools.lru_cache(maxsize=4)
+def _decode_all(kind: str, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode a whole split once per process ([N, C, H, W] uint8); ablations and studies reuse it."""
+    ds = _raw_dataset(kind, root, split, transform=None)
+    if hasattr(ds, "data"):  # CIFAR ships a decoded uint8 array [N, H, W, C]
+        images = torch.from_numpy(ds.data)
+    else:
+        decoded = [torch.from_numpy(np.asarray(ds.loader(path))) for path, _ in ds.samples]
+        if len({img.shape for img in decoded}) > 1:
+            raise DataError(f"data.in_memory=true needs images of one size; {root}/{split} mixes sizes")
+        images = torch.stack(decoded)
+    return images.permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets)
+
+
+def _raw_dataset(kind: str, root: str, split: str, transform, download: bool = False):
+    from torchvision import datasets
+
+    if kind in ("cifar10", "cifar100"):
+        cls = datasets.CIFAR10 if kind == "cifar10" else datasets.CIFAR100
+        try:
+            return cls(root, train=split == "train", transform=transform, download=download)
+        except RuntimeError:
+            folder = "cifar-10-batches-py" if kind == "cifar10" else "cifar-100-python"
+            raise DataError(
+                f"data.root={root!r} has no {kind} ({folder}/ not found): set data.download=true "
+                f"on a machine with a network, or copy the python-version archive there"
+            ) from None
+    return datasets.ImageFolder(str(Path(root) / split), transform=transform)
+
+
+def _image_splits(cfg: Config, size_default: int):
+    """(train, val, test or None, classes, in_chans, native side) for the image datasets."""
+    d = cfg.data
+    kind, root = d.dataset, d.root
+    if kind == "imagefolder":
+        if not (Path(root) / "train").is_dir():
+            raise DataError(
+                f"data.root={root!r} has no train/ folder: an imagefolder dataset needs "
+                f"root/train/<class>/*.jpg (and optionally root/val, root/test)"
+            )
+        has_val = (Path(root) / "val").is_dir()
+        has_test = (Path(root) / "test").is_dir()
+        mean, std = IMAGENET_MEAN, IMAGENET_STD
+    else:
+        if d.download:
+            _raw_dataset(kind, root, "train", None, download=True)
+            _raw_dataset(kind, root, "test", None, download=True)
+        has_val, has_test = False, True
+        mean, std = (CIFAR10_MEAN, CIFAR10_STD) if kind == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
+
+    probe = _raw_dataset(kind, root, "train", transform=None)
+    classes = list(probe.classes)
+    native = size_default
+    size = cfg.model.img_size or native
+
+    def build(split: str, train: bool):
+        tf = _transforms(train, size, native, mean, std, d.augment)
+        if d.in_memory:
+            images, labels = _decode_all(kind, root, split)
+            return TensorImages(images, labels, tf)
+        return _raw_dataset(kind, root, split, transform=tf)
+
+    if has_val:
+        train_ds, val_ds = build("train", True), build("val", False)
+        train_idx = list(range(len(train_ds)))
+    else:
+        if d.val_fraction <= 0:
+            raise DataError(f"data.val_fraction=0 but data.root={root!r} has no val split")
+        train_idx, val_idx = split_indices(len(probe), d.val_fraction, cfg.train.seed)
+        train_ds = build("train", True)
+        val_ds = Subset(build("train", False), val_idx)
+    if d.train_limit:
+        train_idx = train_idx[: d.train_limit]
+    train_ds = Subset(train_ds, train_idx)
+    test_ds = build("test", False) if has_test else None
+    return train_ds, val_ds, test_ds, classes, 3, size
+
+
+def _digits(cfg: Config):
+    """scikit-learn's bundled 8x8 digits (1,797 images, 10 classes), resized once in memory."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    size = cfg.model.img_size or DIGITS_SIDE
+    if size != DIGITS_SIDE:
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    x = (x - DIGITS_MEAN[0]) / DIGITS_STD[0]
+    y = torch.tensor(bunch.target, dtype=torch.long)
+    if cfg.data.val_fraction <= 0:
+        raise DataError("data.val_fraction must be > 0 for digits (it has no val split)")
+    train_idx, val_idx = split_indices(len(y), cfg.data.val_fraction, cfg.train.seed)
+    if cfg.data.train_limit:
+        train_idx = train_idx[: cfg.data.train_limit]
+    full = TensorDataset(x, y)
+    classes = [str(c) for c in bunch.target_names]
+    return Subset(full, train_idx), Subset(full, val_idx), None, classes, 1, size
+
+
+def build_data(cfg: Config, device: torch.device) -> Data:
+    if cfg.data.dataset == "digits":
+        train_ds, val_ds, test_ds, classes, in_chans, size = _digits(cfg)
+    else:
+        train_ds, val_ds, test_ds, classes, in_chans, size = _image_splits(cfg, CIFAR_SIDE)
+    if len(train_ds) == 0:
+        raise DataError(f"data.root={cfg.data.root!r}: the training split is empty")
+
+    d, t = cfg.data, cfg.train
+    common = dict(
+        num_workers=d.num_workers,
+        # Page-locked host memory lets `.to(device, non_blocking=True)` overlap the copy with
+        # compute; on a CPU-only run there is no copy, so pinning would only cost time.
+        pin_memory=d.pin_memory and device.type == "cuda",
+        persistent_workers=d.num_workers > 0,
+        worker_init_fn=seed_worker,
+    )
+    train = DataLoader(
+        train_ds,
+        batch_size=t.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(t.seed),
+        **common,
+    )
+
+    def evaluation(ds):
+        return DataLoader(ds, batch_size=max(t.batch_size, 256), shuffle=False, **common)
+
+    return Data(
+        train=train,
+        val=evaluation(val_ds),
+        test=evaluation(test_ds) if test_ds is not None else None,
+        num_classes=len(classes),
+        in_chans=in_chans,
+        img_size=size,
+        classes=classes,
+    )

@@ -1,0 +1,247 @@
+"""The Ignite trainer and evaluator, and the one update step (GA + AMP + clipping).
+
+Ignite's `create_supervised_trainer` has accumulation and fp16 AMP, but no clipping and no bf16,
+and its accumulation windows straddle epochs without flushing a short last window. So the step is
+our own process function, `UpdateStep`, with the order of operations in plain sight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from ignite.engine import Engine, Events
+
+from accel.config import TrainConfig
+
+OPTIMIZER_NAMES = {"adam": "adam", "adamw": "adamw", "sgd": "momentum"}  # ours -> timm's
+# timm's "sgd" is Nesterov SGD; "momentum" is classical heavy-ball SGD, the usual "SGD" of papers.
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from accel.config import ConfigError
+
+        raise ConfigError("train.device=cuda but no CUDA device is visible; use cpu or auto")
+    return torch.device(name)
+
+
+def resolve_amp(mode: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `train.amp` on this device; None means full fp32."""
+    if mode == "off":
+        return None
+    if mode == "bf16":
+        return torch.bfloat16
+    if mode == "fp16":
+        return torch.float16
+    if device.type == "cuda":  # auto
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # auto on CPU is fp32: oneDNN's bf16 backward (torch 2.14, AMX) was seen to return NaN
+    # weight gradients now and then for finite inputs; train.amp=bf16 still asks for it.
+    return None
+
+
+def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
+    """timm's factory: no weight decay on norm layers and biases (filter_bias_and_bn)."""
+    from timm.optim import create_optimizer_v2
+
+    kwargs = {"momentum": t.momentum} if t.optimizer == "sgd" else {}
+    return create_optimizer_v2(
+        model, opt=OPTIMIZER_NAMES[t.optimizer], lr=t.lr, weight_decay=t.weight_decay, **kwargs
+    )
+
+
+def lr_multiplier(update: int, *, total: int, warmup: int, kind: str) -> float:
+    """Linear warm-up over `warmup` updates, then constant or cosine to zero at `total` updates."""
+    if update < warmup:
+        return (update + 1) / warmup
+    if kind == "constant":
+        return 1.0
+    progress = min(1.0, (update - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def updates_per_epoch(epoch_length: int, accumulation_steps: int) -> int:
+    return math.ceil(epoch_length / accumulation_steps)  # the short last window is an update too
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, t: TrainConfig, epoch_length: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """Stepped once per optimizer update, so the schedule does not depend on accumulation."""
+    per_epoch = updates_per_epoch(epoch_length, t.accumulation_steps)
+    total, warmup = t.epochs * per_epoch, round(t.warmup_epochs * per_epoch)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda u: lr_multiplier(u, total=total, warmup=warmup, kind=t.scheduler)
+    )
+
+
+def build_scaler(amp_dtype: torch.dtype | None, device: torch.device):
+    """fp16 needs loss scaling to keep small gradients from underflowing; bf16 and fp32 do not."""
+    if amp_dtype is torch.float16:
+        return torch.amp.GradScaler(device.type)
+    return None
+
+
+@dataclass
+class EpochStats:
+    """Sums kept as device tensors during the epoch; read (one sync) when the epoch ends."""
+
+    loss_sum: torch.Tensor | float = 0.0
+    micro_batches: int = 0
+    samples: int = 0
+    updates: int = 0
+    grad_norm_sum: torch.Tensor | float = 0.0
+    skipped_updates: int = 0
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "train_loss": float(self.loss_sum) / max(1, self.micro_batches),
+            "grad_norm": float(self.grad_norm_sum) / max(1, self.updates),
+            "skipped_updates": float(self.skipped_updates),
+        }
+
+
+class UpdateStep:
+    """One micro-batch forward/backward; at the end of each accumulation window, one update.
+
+    Windows never straddle epochs: with 10 micro-batches and 4 steps per window the updates come
+    after micro-batches 4, 8 and 10, and the last window's loss is divided by 2, not 4, so every
+    update averages the gradients of the samples it saw.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable,
+        device: torch.device,
+        *,
+        accumulation_steps: int = 1,
+        amp_dtype: torch.dtype | None = None,
+        scaler=None,
+        clip_grad_norm: float | None = None,
+        scheduler=None,
+        channels_last: bool = False,
+        non_blocking: bool = False,
+    ):
+        self.model, self.optimizer, self.loss_fn, self.device = model, optimizer, loss_fn, device
+        self.accumulation_steps = accumulation_steps
+        self.amp_dtype, self.scaler = amp_dtype, scaler
+        self.clip_grad_norm = clip_grad_norm
+        self.scheduler = scheduler
+        self.channels_last, self.non_blocking = channels_last, non_blocking
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.updates = 0
+        self.stats = EpochStats()
+
+    def window(self, iteration: int, epoch_length: int) -> tuple[int, bool]:
+        """(size of the window this micro-batch belongs to, whether it is the window's last)."""
+        i = (iteration - 1) % epoch_length  # 0-based position in the epoch
+        start = i - i % self.accumulation_steps
+        size = min(self.accumulation_steps, epoch_length - start)
+        return size, i == start + size - 1
+
+    def __call__(self, engine: Engine, batch) -> dict[str, torch.Tensor]:
+        self.model.train()
+        x, y = move_batch(batch, self.device, self.non_blocking, self.channels_last)
+        window, last = self.window(engine.state.iteration, engine.state.epoch_length)
+
+        with autocast(self.device, self.amp_dtype):
+            loss = self.loss_fn(self.model(x), y)
+        scaled = loss / window  # the window's gradient is the mean over its micro-batches
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+
+        loss = loss.detach()
+        self.stats.loss_sum += loss
+        self.stats.micro_batches += 1
+        self.stats.samples += len(y)
+        out = {"loss": loss}
+        if last:
+            out.update(self.update())
+        return out
+
+    def update(self) -> dict[str, torch.Tensor]:
+        """unscale -> clip -> step -> scaler update -> zero_grad -> scheduler, once per window."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clip and report true gradient magnitudes
+        max_norm = self.clip_grad_norm if self.clip_grad_norm is not None else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # norm before clipping
+        if self.scaler is not None:
+            scale = self.scaler.get_scale()  # a CPU-GPU sync point, fp16 only
+            self.scaler.step(self.optimizer)  # skipped when the gradients hold inf/NaN
+            self.scaler.update()
+            if self.scaler.get_scale() < scale:
+                self.stats.skipped_updates += 1
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.updates += 1
+        self.stats.updates += 1
+        self.stats.grad_norm_sum += grad_norm.detach()
+        out = {"grad_norm": grad_norm.detach()}
+        if self.scaler is not None:
+            out["loss_scale"] = torch.tensor(self.scaler.get_scale())
+        return out
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """Mixed precision on `device` in `dtype`; a no-op context for full fp32."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype)
+
+
+def move_batch(batch, device: torch.device, non_blocking: bool, channels_last: bool):
+    x, y = batch
+    x = x.to(device, non_blocking=non_blocking)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, y.to(device, non_blocking=non_blocking)
+
+
+def create_trainer(step: UpdateStep) -> Engine:
+    trainer = Engine(step)
+
+    @trainer.on(Events.EPOCH_STARTED)
+    def _reset_stats(engine: Engine) -> None:
+        step.stats = EpochStats()
+
+    return trainer
+
+
+def create_evaluator(
+    model: torch.nn.Module,
+    num_classes: int,
+    device: torch.device,
+    *,
+    amp_dtype: torch.dtype | None = None,
+    channels_last: bool = False,
+    non_blocking: bool = False,
+) -> Engine:
+    """Accuracy, macro F1, cross-entropy loss and the confusion matrix over a loader."""
+    from ignite.metrics import Accuracy, ConfusionMatrix, Fbeta, Loss
+
+    @torch.inference_mode()
+    def eval_step(engine: Engine, batch):
+        model.eval()
+        x, y = move_batch(batch, device, non_blocking, channels_last)
+        with autocast(device, amp_dtype):
+            logits = model(x)
+        return logits.float(), y
+
+    evaluator = Engine(eval_step)
+    Accuracy(device=device).attach(evaluator, "accuracy")
+    Fbeta(1.0, average=True, device=device).attach(evaluator, "f1")  # unweighted mean = macro
+    Loss(torch.nn.CrossEntropyLoss(), device=device).attach(evaluator, "loss")
+    ConfusionMatrix(num_classes, device=device).attach(evaluator, "confusion_matrix")
+    return evaluator

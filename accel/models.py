@@ -1,0 +1,57 @@
+"""Models: any timm model, sized to the data, with channels_last and torch.compile switches."""
+
+from __future__ import annotations
+
+import difflib
+
+import torch
+
+from accel.config import Config, ConfigError
+
+
+def check_model_name(name: str) -> None:
+    """Exit-2 error for a name timm does not know, with the closest known names."""
+    import timm
+
+    if timm.is_model(name):
+        return
+    close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
+    raise ConfigError(f"model.name={name!r} is not a timm model{hint}")
+
+
+def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> torch.nn.Module:
+    """The bare model (no compile, on CPU): its `state_dict` is what checkpoints hold."""
+    import timm
+
+    check_model_name(cfg.model.name)
+    kwargs = dict(num_classes=num_classes, in_chans=in_chans)
+    try:
+        # ViT-family models build their patch grid from img_size; CNNs do not take it.
+        return _create(cfg, img_size=img_size, **kwargs)
+    except TypeError:
+        return _create(cfg, **kwargs)
+
+
+def _create(cfg: Config, **kwargs) -> torch.nn.Module:
+    import timm
+
+    try:
+        return timm.create_model(cfg.model.name, pretrained=cfg.model.pretrained, **kwargs)
+    except (OSError, RuntimeError, ValueError) as e:
+        if not cfg.model.pretrained:
+            raise
+        raise ConfigError(
+            f"model.pretrained=true: weights for {cfg.model.name!r} could not be fetched "
+            f"({type(e).__name__}); use model.pretrained=false on a machine without network"
+        ) from None
+
+
+def prepare_model(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
+    """Move to the device and apply the memory-format and compile switches."""
+    model = model.to(device)
+    if cfg.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if cfg.train.compile:
+        model = torch.compile(model)
+    return model

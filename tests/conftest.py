@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny configs on CPU and a throwaway MLflow store per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    """A fresh SQLite MLflow store for one test."""
+    return f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+
+
+@pytest.fixture
+def tiny_overrides() -> list[str]:
+    """A few-second run on digits: tiny timm model, few iterations, CPU, fp32."""
+    return [
+        "data.dataset=digits",
+        "model.name=test_resnet",
+        "model.img_size=16",
+        "train.epochs=2",
+        "train.epoch_length=6",
+        "train.batch_size=16",
+        "train.device=cpu",
+        "train.amp=off",
+        "data.num_workers=0",
+    ]
+
+
+def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 300):
+    """The real `accel` entry point in a subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("MLFLOW_TRACKING_URI", None) if env is None else None
+    return subprocess.run(
+        [sys.executable, "-m", "accel", *args],
+        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
