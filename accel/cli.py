@@ -25,6 +25,9 @@ def load_config(items: list[str]) -> Config:
     path: str | Path | None = None
     if items and "=" not in items[0]:
         path, items = items[0], items[1:]
+        if not Path(path).exists() and Path(path).suffix not in (".yaml", ".yml"):
+            raise ConfigError(f"'{path}' is neither a config file nor a KEY=VALUE override "
+                              "(e.g. train.lr=3e-3)")
     elif DEFAULT_CONFIG.exists():
         path = DEFAULT_CONFIG
     return config.load(path, items)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import resource
@@ -123,13 +124,16 @@ def train(
             tags={"accel.role": "train", **(tags or {})},
             parent_run_id=parent_run_id,
         )
-        tracker.log_params(run_id, {**cfg.flat(), "effective_batch_size": t.effective_batch_size,
+        # The logged config is the run's recipe; where it was stored is not part of it (and a
+        # store URL may hold a password), so tracking.uri is logged as null.
+        logged = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, uri=None))
+        tracker.log_params(run_id, {**logged.flat(), "effective_batch_size": t.effective_batch_size,
                                     "resolved.device": str(device),
                                     "resolved.amp": str(amp_dtype).replace("torch.", "")
                                     if amp_dtype else "off",
                                     "resolved.num_classes": data.num_classes,
                                     "resolved.train_size": len(data.train.dataset)})
-        tracker.log_text(run_id, cfg.to_yaml(), "config.yaml")
+        tracker.log_text(run_id, logged.to_yaml(), "config.yaml")
         with scratch_dir() as tmp:
             env = environment(str(device), t.seed)
             tracker.log_artifact(run_id, write_json(env, tmp, "environment.json"))

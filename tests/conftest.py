@@ -19,20 +19,24 @@ def store(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
 
 
+# A few-second run on digits: tiny timm model, few iterations, CPU, fp32.
+TINY_OVERRIDES = (
+    "data.dataset=digits",
+    "model.name=test_resnet",
+    "model.img_size=16",
+    "train.epochs=2",
+    "train.epoch_length=6",
+    "train.batch_size=16",
+    "train.device=cpu",
+    "train.amp=off",
+    "data.num_workers=0",
+)
+
+
 @pytest.fixture
 def tiny_overrides() -> list[str]:
     """A few-second run on digits: tiny timm model, few iterations, CPU, fp32."""
-    return [
-        "data.dataset=digits",
-        "model.name=test_resnet",
-        "model.img_size=16",
-        "train.epochs=2",
-        "train.epoch_length=6",
-        "train.batch_size=16",
-        "train.device=cpu",
-        "train.amp=off",
-        "data.num_workers=0",
-    ]
+    return list(TINY_OVERRIDES)  # module-scoped fixtures import the tuple directly
 
 
 def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 300):

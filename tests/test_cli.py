@@ -1,0 +1,75 @@
+"""Bad input through the real CLI: exit 2, one line naming the value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from accel import config
+from tests.conftest import run_cli
+
+BAD_INPUTS = {
+    "unknown key": (["train.lrr=0.1"], ["train.lrr", "train.lr"]),
+    "wrong type": (["train.epochs=many"], ["train.epochs", "integer"]),
+    "lr <= 0": (["train.lr=0"], ["train.lr", "> 0"]),
+    "accumulation < 1": (["train.accumulation_steps=0"], ["train.accumulation_steps", ">= 1"]),
+    "batch size < 1": (["train.batch_size=0"], ["train.batch_size", ">= 1"]),
+    "unknown optimizer": (["train.optimizer=adagrad"], ["adagrad", "adam, adamw, sgd"]),
+    "unknown model": (["model.name=resnet5O"], ["resnet5O", "did you mean", "resnet50"]),
+    "missing data dir": (["data.dataset=imagefolder", "data.root=/nonexistent/cifar"],
+                         ["/nonexistent/cifar", "train/"]),
+    "missing cifar": (["data.dataset=cifar10", "data.root=/nonexistent/c10"],
+                      ["/nonexistent/c10", "data.download=true"]),
+    "malformed override": (["experiments/quickstart.yaml", "train.lr"], ["train.lr", "KEY=VALUE"]),
+    "bare word": (["train.lr"], ["train.lr", "KEY=VALUE"]),
+    "unreadable config": (["no/such/experiment.yaml"], ["no/such/experiment.yaml"]),
+    "unknown amp": (["train.amp=fp8"], ["fp8", "off, auto, bf16, fp16"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_exits_2_with_one_line(case, tmp_path):
+    items, expected = BAD_INPUTS[case]
+    proc = run_cli("train", *items, "--tracking-uri", f"sqlite:///{tmp_path}/m.db")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for text in expected:
+        assert text in lines[0]
+
+
+def test_invalid_yaml_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {lr: [\n")
+    proc = run_cli("train", str(bad))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"accel: error: config file '{bad}' is not valid "
+                                                "YAML line 2"]
+
+
+def test_unknown_flag_is_one_line():
+    proc = run_cli("train", "--epochs", "3")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_help_answers():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for command in ("train", "tune", "best", "reproduce", "ablate", "ui"):
+        assert command in proc.stdout
+
+
+def test_overrides_are_typed():
+    cfg = config.load(None, ["train.lr=3e-3", "train.clip_grad_norm=null", "train.compile=true",
+                             "model.img_size=32", "train.warmup_epochs=1"])
+    assert cfg.train.lr == 0.003 and cfg.train.clip_grad_norm is None
+    assert cfg.train.compile is True and cfg.model.img_size == 32
+    assert isinstance(cfg.train.warmup_epochs, float)
+    assert cfg.flat()["train.lr"] == 0.003
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = config.load(None, ["train.lr=0.02", "train.clip_grad_norm=2.5", "name=roundtrip"])
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml())
+    assert config.load(path) == cfg

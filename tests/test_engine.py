@@ -1,0 +1,216 @@
+"""The update step: accumulation arithmetic, AMP/clipping order, scheduler cadence.
+
+Each test would fail if the order or the arithmetic of `UpdateStep` were wrong.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from ignite.engine import Events
+from torch import nn
+
+from accel import engine as E
+from accel.config import TrainConfig
+
+CPU = torch.device("cpu")
+
+
+def mlp(seed: int = 0) -> nn.Module:
+    """No BatchNorm: the gradient of a batch is exactly the mean of its samples' gradients."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def batches(n: int, size: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(size, 12, generator=g), torch.randint(0, 3, (size,), generator=g))
+            for _ in range(n)]
+
+
+def run(model, data, *, k, epochs=1, optimizer=None, scheduler=None, **kw):
+    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.5)
+    step = E.UpdateStep(model, optimizer, nn.CrossEntropyLoss(), CPU, accumulation_steps=k,
+                        scheduler=scheduler, **kw)
+    trainer = E.create_trainer(step)
+    trainer.run(data, max_epochs=epochs)
+    return step, optimizer
+
+
+class StepSpy:
+    """Wraps optimizer.step: counts calls and records the gradients each update applies."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module):
+        self.calls, self.grads, self.params = 0, [], []
+        inner = optimizer.step
+
+        def step(*args, **kwargs):
+            self.calls += 1
+            self.grads.append([p.grad.clone() for p in model.parameters()])
+            self.params.append([p.detach().clone() for p in model.parameters()])
+            return inner(*args, **kwargs)
+
+        optimizer.step = step
+
+
+def test_k_micro_batches_equal_one_big_batch():
+    k, b = 4, 8
+    small = batches(k, b)
+    big = [(torch.cat([x for x, _ in small]), torch.cat([y for _, y in small]))]
+    a, c = mlp(), mlp()
+    run(a, small, k=k)  # one update over 4 micro-batches of 8
+    run(c, big, k=1)  # one update over one batch of 32
+    for pa, pc in zip(a.parameters(), c.parameters(), strict=True):
+        torch.testing.assert_close(pa, pc, rtol=1e-5, atol=1e-6)
+    # and the update really moved the weights (a no-op step would also "match")
+    assert not torch.allclose(next(a.parameters()), next(mlp().parameters()))
+
+
+def test_ten_batches_k4_give_three_updates_last_normalised_by_two():
+    model = mlp()
+    data = batches(10, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    spy = StepSpy(optimizer, model)
+    step, _ = run(model, data, k=4, optimizer=optimizer)
+
+    assert spy.calls == 3 == step.updates
+    # The last window holds micro-batches 9 and 10: its gradient is the mean over their 16
+    # samples, i.e. their summed losses divided by 2 (not by 4).
+    reference = mlp()
+    with torch.no_grad():
+        for p, value in zip(reference.parameters(), spy.params[2], strict=True):
+            p.copy_(value)
+    x = torch.cat([data[8][0], data[9][0]])
+    y = torch.cat([data[8][1], data[9][1]])
+    nn.CrossEntropyLoss()(reference(x), y).backward()
+    for got, p in zip(spy.grads[2], reference.parameters(), strict=True):
+        torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-7)
+    # no gradient is carried into the next epoch
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_windows_restart_each_epoch():
+    step = E.UpdateStep(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1), nn.CrossEntropyLoss(),
+                        CPU, accumulation_steps=4)
+    windows = [step.window(it, 10) for it in range(1, 21)]  # two epochs of 10
+    ends = [i + 1 for i, (_, last) in enumerate(windows) if last]
+    assert ends == [4, 8, 10, 14, 18, 20]
+    assert [size for size, _ in windows[8:10]] == [2, 2]
+    assert [size for size, _ in windows[10:14]] == [4, 4, 4, 4]
+
+
+def test_scheduler_steps_once_per_update():
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    t = TrainConfig(epochs=2, accumulation_steps=4, scheduler="cosine", warmup_epochs=1)
+    scheduler = E.build_scheduler(optimizer, t, epoch_length=10)
+    spy = StepSpy(optimizer, model)
+    calls = []
+    inner = scheduler.step
+    scheduler.step = lambda *a, **k: (calls.append(1), inner(*a, **k))[1]
+    run(model, batches(10, 4), k=4, epochs=2, optimizer=optimizer, scheduler=scheduler)
+    assert spy.calls == len(calls) == 6  # 3 updates per epoch, not 10 micro-batches
+    # warm-up spans the first epoch's 3 updates; after the last update cosine reaches 0
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_lr_multiplier_shape():
+    f = lambda u: E.lr_multiplier(u, total=10, warmup=2, kind="cosine")  # noqa: E731
+    assert [f(0), f(1)] == [0.5, 1.0]
+    assert f(2) == pytest.approx(1.0)
+    assert f(6) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert f(10) == pytest.approx(0.0)
+    assert E.lr_multiplier(7, total=10, warmup=2, kind="constant") == 1.0
+
+
+def test_fp16_order_unscale_clip_step_update_zero_grad_schedule(monkeypatch):
+    """unscale_ once per update, before the clip; the clip sees unscaled gradients."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: 1.0)
+    log: list[str] = []
+    seen_norms: list[float] = []
+
+    def spy(obj, name, record=None):
+        inner = getattr(obj, name)
+
+        def wrapper(*args, **kwargs):
+            log.append(name)
+            if record:
+                record(*args)
+            return inner(*args, **kwargs)
+
+        monkeypatch.setattr(obj, name, wrapper)
+
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def clip(params, max_norm, *a, **k):
+        params = list(params)
+        log.append("clip")
+        seen_norms.append(float(torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))))
+        return real_clip(params, max_norm, *a, **k)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    for obj, name in [(scaler, "unscale_"), (scaler, "step"), (scaler, "update"),
+                      (optimizer, "zero_grad"), (scheduler, "step")]:
+        spy(obj, name)
+
+    data = batches(4, 8)
+    # reference: the true (unscaled) gradient of the first window, same fp16 autocast
+    ref = copy.deepcopy(model)
+    with torch.autocast("cpu", torch.float16):
+        loss = sum(nn.CrossEntropyLoss()(ref(x), y) for x, y in data[:2]) / 2
+    loss.backward()
+    true_norm = float(torch.nn.utils.get_total_norm([p.grad for p in ref.parameters()]))
+
+    step, _ = run(model, data, k=2, optimizer=optimizer, scheduler=scheduler,
+                  amp_dtype=torch.float16, scaler=scaler, clip_grad_norm=1e-3)
+    one_update = ["unscale_", "clip", "step", "update", "zero_grad", "step"]
+    assert log == one_update * 2
+    assert seen_norms[0] == pytest.approx(true_norm, rel=1e-2)  # scaled would be 1024x larger
+    assert scaler.get_scale() == 2.0**10  # finite gradients: no update was skipped
+
+
+def test_clip_limits_the_applied_gradient_and_reports_the_norm_before():
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    spy = StepSpy(optimizer, model)
+    outputs = []
+    step = E.UpdateStep(model, optimizer, nn.CrossEntropyLoss(), CPU, clip_grad_norm=0.01)
+    trainer = E.create_trainer(step)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.append(e.state.output))
+    trainer.run(batches(2, 8), max_epochs=1)
+    applied = [float(torch.nn.utils.get_total_norm(g)) for g in spy.grads]
+    assert all(n == pytest.approx(0.01, rel=1e-4) for n in applied)
+    assert all(float(o["grad_norm"]) > 0.05 for o in outputs)  # the pre-clip norm, reported
+
+
+def test_bf16_autocast_without_scaler():
+    assert E.build_scaler(torch.bfloat16, CPU) is None
+    assert E.build_scaler(None, CPU) is None
+    assert isinstance(E.build_scaler(torch.float16, CPU), torch.amp.GradScaler)
+    assert E.resolve_amp("bf16", CPU) is torch.bfloat16
+    assert E.resolve_amp("off", CPU) is None
+    assert E.resolve_amp("auto", CPU) is None  # fp32 on CPU, see engine.resolve_amp
+
+    model = mlp()
+    dtypes = []
+    model[1].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    step, _ = run(model, batches(2, 8), k=1, amp_dtype=torch.bfloat16)
+    assert step.scaler is None and step.updates == 2
+    assert dtypes == [torch.bfloat16, torch.bfloat16]
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights stay fp32
+
+
+def test_epoch_stats_average_loss_and_count_samples():
+    model = mlp()
+    data = batches(3, 5)
+    step, _ = run(model, data, k=2)
+    stats = step.stats.summary()
+    assert step.stats.micro_batches == 3 and step.stats.samples == 15 and step.stats.updates == 2
+    assert math.isfinite(stats["train_loss"]) and stats["grad_norm"] > 0

@@ -1,0 +1,106 @@
+"""`train(cfg)` end to end on CPU: determinism, what MLflow holds, FAILED and KILLED runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+import yaml
+
+from accel import config
+from accel.train import NonFiniteLoss, train
+from tests.conftest import ROOT, run_cli
+
+CURVES = ("train_loss", "val_loss", "val_accuracy", "val_f1", "epoch_time_s", "train_throughput",
+          "lr", "peak_memory_mb")
+TIMINGS = ("epoch_time_s", "train_throughput", "peak_memory_mb")
+
+
+def runs_in(store: str, experiment: str):
+    client = mlflow.MlflowClient(tracking_uri=store)  # a fresh client, as a user would
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id]) if exp else []
+
+
+def test_same_seed_twice_gives_identical_metrics(tiny_overrides):
+    cfg = config.load(None, [*tiny_overrides, "train.accumulation_steps=2"])
+    a, b = train(cfg, track=False), train(cfg, track=False)
+    strip = lambda h: [{k: v for k, v in row.items() if k not in TIMINGS} for row in h]  # noqa: E731
+    assert strip(a.history) == strip(b.history)
+    assert len(a.history) == 2
+    other = train(config.load(None, [*tiny_overrides, "train.accumulation_steps=2",
+                                     "train.seed=1"]), track=False)
+    assert strip(other.history) != strip(a.history)  # the seed is really used
+
+
+def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
+    proc = run_cli("train", *tiny_overrides, "train.clip_grad_norm=1.0", "--tracking-uri", store,
+                   "--experiment", "contract")
+    assert proc.returncode == 0, proc.stderr
+    run_id = proc.stdout.split()[1].rstrip(":")
+
+    client = mlflow.MlflowClient(tracking_uri=store)  # a fresh client, as a user would
+    runs = runs_in(store, "contract")
+    assert [r.info.run_id for r in runs] == [run_id]
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["accel.role"] == "train"
+
+    cfg = config.load(ROOT / config.DEFAULT_CONFIG, [*tiny_overrides, "train.clip_grad_norm=1.0",
+                                                     "tracking.experiment=contract"])
+    assert run.data.params["tracking.uri"] == "null"  # never the store URL (may hold a password)
+    for key, value in cfg.flat().items():  # the whole resolved config, not just a few keys
+        assert run.data.params[key] == ("null" if value is None else str(value)), key
+    assert run.data.params["effective_batch_size"] == "16"
+
+    for name in CURVES:
+        history = client.get_metric_history(run_id, name)
+        assert [m.step for m in history] == [1, 2], name
+
+    top = {a.path for a in client.list_artifacts(run_id)}
+    assert {"config.yaml", "environment.json", "confusion_matrix.png", "checkpoint"} <= top
+    local = Path(client.download_artifacts(run_id, "", str(tmp_path / "art")))
+    assert config.from_dict(yaml.safe_load((local / "config.yaml").read_text())) == cfg
+    env = yaml.safe_load((local / "environment.json").read_text())
+    assert env["torch"] == torch.__version__ and env["seed"] == 0 and "git_commit" in env
+    state = torch.load(local / "checkpoint" / "best.pt", weights_only=True)
+    assert "fc.weight" in state and state["fc.weight"].shape[0] == 10
+
+
+def test_nan_loss_ends_failed(tiny_overrides, store):
+    proc = run_cli("train", *tiny_overrides, "train.optimizer=sgd", "train.lr=1e12",
+                   "--tracking-uri", store, "--experiment", "nan")
+    assert proc.returncode == 1
+    assert "loss became" in proc.stderr and "Traceback" not in proc.stderr
+    runs = runs_in(store, "nan")
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
+def test_nan_loss_raises_in_process(tiny_overrides):
+    cfg = config.load(None, [*tiny_overrides, "train.optimizer=sgd", "train.lr=1e12"])
+    with pytest.raises(NonFiniteLoss):
+        train(cfg, track=False)
+
+
+def test_ctrl_c_ends_killed(tiny_overrides, store, monkeypatch):
+    from accel import engine
+
+    real = engine.UpdateStep.update
+    calls = {"n": 0}
+
+    def interrupted(self):
+        calls["n"] += 1
+        if calls["n"] == 8:  # in the second epoch (6 updates per epoch)
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(engine.UpdateStep, "update", interrupted)
+    cfg = config.load(None, [*tiny_overrides, f"tracking.uri={store}", "tracking.experiment=ctrlc"])
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    runs = runs_in(store, "ctrlc")
+    assert [r.info.status for r in runs] == ["KILLED"]
+    history = mlflow.MlflowClient(store).get_metric_history(runs[0].info.run_id, "val_accuracy")
+    assert [m.step for m in history] == [1]  # the finished epoch stays logged
