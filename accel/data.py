@@ -21,7 +21,7 @@ from accel.config import Config, ConfigError
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-DIGITS_MEAN, DIGITS_STD = (0.3, ), (0.4, )  # sklearn digits scaled from 0..16 to 0..1
+DIGITS_MEAN, DIGITS_STD = (0.3,), (0.4,)  # sklearn digits scaled from 0..16 to 0..1
 DIGITS_SIDE = 8
 CIFAR_SIDE = 32
 
@@ -82,14 +82,16 @@ class TensorImages(Dataset):
 
 @functools.lru_cache(maxsize=4)
 def _decode_all(kind: str, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode a whole split once per process ([N, C, H, W] uint8); ablations and studies reuse it."""
+    """Decode a split once per process ([N, C, H, W] uint8); ablations and studies reuse it."""
     ds = _raw_dataset(kind, root, split, transform=None)
     if hasattr(ds, "data"):  # CIFAR ships a decoded uint8 array [N, H, W, C]
         images = torch.from_numpy(ds.data)
     else:
         decoded = [torch.from_numpy(np.asarray(ds.loader(path))) for path, _ in ds.samples]
         if len({img.shape for img in decoded}) > 1:
-            raise DataError(f"data.in_memory=true needs images of one size; {root}/{split} mixes sizes")
+            raise DataError(
+                f"data.in_memory=true needs images of one size; {root}/{split} mixes sizes"
+            )
         images = torch.stack(decoded)
     return images.permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets)
 
@@ -128,7 +130,9 @@ def _image_splits(cfg: Config, size_default: int):
             _raw_dataset(kind, root, "train", None, download=True)
             _raw_dataset(kind, root, "test", None, download=True)
         has_val, has_test = False, True
-        mean, std = (CIFAR10_MEAN, CIFAR10_STD) if kind == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
+        mean, std = (
+            (CIFAR10_MEAN, CIFAR10_STD) if kind == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
+        )
 
     probe = _raw_dataset(kind, root, "train", transform=None)
     classes = list(probe.classes)
@@ -166,7 +170,9 @@ def _digits(cfg: Config):
     x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
     size = cfg.model.img_size or DIGITS_SIDE
     if size != DIGITS_SIDE:
-        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        x = torch.nn.functional.interpolate(
+            x, size=(size, size), mode="bilinear", align_corners=False
+        )
     x = (x - DIGITS_MEAN[0]) / DIGITS_STD[0]
     y = torch.tensor(bunch.target, dtype=torch.long)
     if cfg.data.val_fraction <= 0:

@@ -210,7 +210,14 @@ def move_batch(batch, device: torch.device, non_blocking: bool, channels_last: b
 
 
 def create_trainer(step: UpdateStep) -> Engine:
+    """The Ignite engine around `step`, stopping on a NaN/inf loss (checked once per update)."""
+    from ignite.handlers import TerminateOnNan
+
     trainer = Engine(step)
+    trainer.add_event_handler(
+        Events.ITERATION_COMPLETED(event_filter=lambda e, _: "grad_norm" in e.state.output),
+        TerminateOnNan(output_transform=lambda out: out["loss"]),
+    )
 
     @trainer.on(Events.EPOCH_STARTED)
     def _reset_stats(engine: Engine) -> None:

@@ -22,7 +22,6 @@ def check_model_name(name: str) -> None:
 
 def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> torch.nn.Module:
     """The bare model (no compile, on CPU): its `state_dict` is what checkpoints hold."""
-    import timm
 
     check_model_name(cfg.model.name)
     kwargs = dict(num_classes=num_classes, in_chans=in_chans)

@@ -68,8 +68,8 @@ class Tracker:
         if exp is not None:
             return exp.experiment_id
         try:
-            kwargs = {"artifact_location": f"{self.artifact_root}/{name}"} if self.artifact_root else {}
-            return self.client.create_experiment(name, **kwargs)
+            location = f"{self.artifact_root}/{name}" if self.artifact_root else None
+            return self.client.create_experiment(name, artifact_location=location)
         except Exception:
             exp = self.client.get_experiment_by_name(name)
             if exp is None:

@@ -1,4 +1,4 @@
-"""`train(cfg) -> Result`: the one entry that the CLI, Optuna, reproduce, ablation and tests call."""
+"""`train(cfg) -> Result`: the one entry the CLI, Optuna, reproduce, ablation and tests call."""
 
 from __future__ import annotations
 
@@ -16,8 +16,16 @@ import torch
 
 from accel.config import Config
 
-METRIC_NAMES = ("train_loss", "val_loss", "val_accuracy", "val_f1", "epoch_time_s",
-                "train_throughput", "lr", "peak_memory_mb")
+METRIC_NAMES = (
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "val_f1",
+    "epoch_time_s",
+    "train_throughput",
+    "lr",
+    "peak_memory_mb",
+)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -75,7 +83,7 @@ def train(
 ) -> Result:
     """Train `cfg` once, logging to MLflow; `trial` (Optuna) only adds per-epoch pruning."""
     from ignite.engine import Events
-    from ignite.handlers import Checkpoint, DiskSaver, TerminateOnNan
+    from ignite.handlers import Checkpoint, DiskSaver
 
     from accel import engine as E
     from accel.data import build_data
@@ -108,11 +116,13 @@ def train(
         non_blocking=non_blocking,
     )
     trainer = E.create_trainer(step)
-    evaluator = E.create_evaluator(model, data.num_classes, device, amp_dtype=amp_dtype,
-                                   channels_last=t.channels_last, non_blocking=non_blocking)
-    trainer.add_event_handler(
-        Events.ITERATION_COMPLETED(event_filter=lambda e, _: "grad_norm" in e.state.output),
-        TerminateOnNan(output_transform=lambda out: out["loss"]),  # checked once per update
+    evaluator = E.create_evaluator(
+        model,
+        data.num_classes,
+        device,
+        amp_dtype=amp_dtype,
+        channels_last=t.channels_last,
+        non_blocking=non_blocking,
     )
 
     tracker = Tracker(cfg.tracking.uri) if track else None
@@ -127,12 +137,17 @@ def train(
         # The logged config is the run's recipe; where it was stored is not part of it (and a
         # store URL may hold a password), so tracking.uri is logged as null.
         logged = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, uri=None))
-        tracker.log_params(run_id, {**logged.flat(), "effective_batch_size": t.effective_batch_size,
-                                    "resolved.device": str(device),
-                                    "resolved.amp": str(amp_dtype).replace("torch.", "")
-                                    if amp_dtype else "off",
-                                    "resolved.num_classes": data.num_classes,
-                                    "resolved.train_size": len(data.train.dataset)})
+        tracker.log_params(
+            run_id,
+            {
+                **logged.flat(),
+                "effective_batch_size": t.effective_batch_size,
+                "resolved.device": str(device),
+                "resolved.amp": str(amp_dtype).replace("torch.", "") if amp_dtype else "off",
+                "resolved.num_classes": data.num_classes,
+                "resolved.train_size": len(data.train.dataset),
+            },
+        )
         tracker.log_text(run_id, logged.to_yaml(), "config.yaml")
         with scratch_dir() as tmp:
             env = environment(str(device), t.seed)
@@ -161,7 +176,9 @@ def train(
     if progress:
         from ignite.handlers import ProgressBar
 
-        ProgressBar(persist=False).attach(trainer, output_transform=lambda out: {"loss": out["loss"]})
+        ProgressBar(persist=False).attach(
+            trainer, output_transform=lambda out: {"loss": out["loss"]}
+        )
 
     @trainer.on(Events.EPOCH_STARTED)
     def _start_clock(engine) -> None:
@@ -193,8 +210,11 @@ def train(
         if tracker:
             tracker.log_metrics(run_id, row, step=engine.state.epoch)
         if progress:
-            print(f"epoch {engine.state.epoch}/{t.epochs} " +
-                  " ".join(f"{k}={v:.4g}" for k, v in row.items()), file=sys.stderr)
+            print(
+                f"epoch {engine.state.epoch}/{t.epochs} "
+                + " ".join(f"{k}={v:.4g}" for k, v in row.items()),
+                file=sys.stderr,
+            )
         checkpoint(evaluator)
         if pruning is not None:
             pruning(evaluator)  # reports this epoch's metric; raises optuna.TrialPruned
@@ -211,14 +231,19 @@ def train(
         final = dict(history[-1])
         if data.test is not None:
             test = evaluator.run(data.test).metrics
-            final.update(test_loss=test["loss"], test_accuracy=test["accuracy"],
-                         test_f1=float(test["f1"]))
+            final.update(
+                test_loss=test["loss"], test_accuracy=test["accuracy"], test_f1=float(test["f1"])
+            )
         if tracker:
             if data.test is not None:
-                tracker.log_metrics(run_id, {k: v for k, v in final.items()
-                                             if k.startswith("test_")}, step=trainer.state.epoch)
-            _log_confusion_matrix(tracker, run_id, evaluator.state.metrics["confusion_matrix"],
-                                  data.classes)
+                tracker.log_metrics(
+                    run_id,
+                    {k: v for k, v in final.items() if k.startswith("test_")},
+                    step=trainer.state.epoch,
+                )
+            _log_confusion_matrix(
+                tracker, run_id, evaluator.state.metrics["confusion_matrix"], data.classes
+            )
             best = Path(tmp_ckpt.name) / "best.pt"
             if cfg.tracking.log_checkpoint and best.exists():
                 tracker.log_artifact(run_id, best, "checkpoint")

@@ -47,3 +47,21 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int 
         [sys.executable, "-m", "accel", *args],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_imagefolder(tmp_path_factory) -> Path:
+    """A generated ImageFolder tree (train/ and test/, 10 classes, 32x32 PNGs) for image configs."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("imagefolder")
+    rng = np.random.default_rng(0)
+    for split, per_class in (("train", 6), ("test", 2)):
+        for c in range(10):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root

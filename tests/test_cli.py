@@ -15,10 +15,14 @@ BAD_INPUTS = {
     "batch size < 1": (["train.batch_size=0"], ["train.batch_size", ">= 1"]),
     "unknown optimizer": (["train.optimizer=adagrad"], ["adagrad", "adam, adamw, sgd"]),
     "unknown model": (["model.name=resnet5O"], ["resnet5O", "did you mean", "resnet50"]),
-    "missing data dir": (["data.dataset=imagefolder", "data.root=/nonexistent/cifar"],
-                         ["/nonexistent/cifar", "train/"]),
-    "missing cifar": (["data.dataset=cifar10", "data.root=/nonexistent/c10"],
-                      ["/nonexistent/c10", "data.download=true"]),
+    "missing data dir": (
+        ["data.dataset=imagefolder", "data.root=/nonexistent/cifar"],
+        ["/nonexistent/cifar", "train/"],
+    ),
+    "missing cifar": (
+        ["data.dataset=cifar10", "data.root=/nonexistent/c10"],
+        ["/nonexistent/c10", "data.download=true"],
+    ),
     "malformed override": (["experiments/quickstart.yaml", "train.lr"], ["train.lr", "KEY=VALUE"]),
     "bare word": (["train.lr"], ["train.lr", "KEY=VALUE"]),
     "unreadable config": (["no/such/experiment.yaml"], ["no/such/experiment.yaml"]),
@@ -43,8 +47,9 @@ def test_invalid_yaml_file(tmp_path):
     bad.write_text("train: {lr: [\n")
     proc = run_cli("train", str(bad))
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"accel: error: config file '{bad}' is not valid "
-                                                "YAML line 2"]
+    assert proc.stderr.strip().splitlines() == [
+        f"accel: error: config file '{bad}' is not valid YAML line 2"
+    ]
 
 
 def test_unknown_flag_is_one_line():
@@ -60,8 +65,16 @@ def test_help_answers():
 
 
 def test_overrides_are_typed():
-    cfg = config.load(None, ["train.lr=3e-3", "train.clip_grad_norm=null", "train.compile=true",
-                             "model.img_size=32", "train.warmup_epochs=1"])
+    cfg = config.load(
+        None,
+        [
+            "train.lr=3e-3",
+            "train.clip_grad_norm=null",
+            "train.compile=true",
+            "model.img_size=32",
+            "train.warmup_epochs=1",
+        ],
+    )
     assert cfg.train.lr == 0.003 and cfg.train.clip_grad_norm is None
     assert cfg.train.compile is True and cfg.model.img_size == 32
     assert isinstance(cfg.train.warmup_epochs, float)

@@ -27,14 +27,23 @@ def mlp(seed: int = 0) -> nn.Module:
 
 def batches(n: int, size: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(size, 12, generator=g), torch.randint(0, 3, (size,), generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randn(size, 12, generator=g), torch.randint(0, 3, (size,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def run(model, data, *, k, epochs=1, optimizer=None, scheduler=None, **kw):
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.5)
-    step = E.UpdateStep(model, optimizer, nn.CrossEntropyLoss(), CPU, accumulation_steps=k,
-                        scheduler=scheduler, **kw)
+    step = E.UpdateStep(
+        model,
+        optimizer,
+        nn.CrossEntropyLoss(),
+        CPU,
+        accumulation_steps=k,
+        scheduler=scheduler,
+        **kw,
+    )
     trainer = E.create_trainer(step)
     trainer.run(data, max_epochs=epochs)
     return step, optimizer
@@ -93,8 +102,13 @@ def test_ten_batches_k4_give_three_updates_last_normalised_by_two():
 
 
 def test_windows_restart_each_epoch():
-    step = E.UpdateStep(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1), nn.CrossEntropyLoss(),
-                        CPU, accumulation_steps=4)
+    step = E.UpdateStep(
+        mlp(),
+        torch.optim.SGD(mlp().parameters(), lr=0.1),
+        nn.CrossEntropyLoss(),
+        CPU,
+        accumulation_steps=4,
+    )
     windows = [step.window(it, 10) for it in range(1, 21)]  # two epochs of 10
     ends = [i + 1 for i, (_, last) in enumerate(windows) if last]
     assert ends == [4, 8, 10, 14, 18, 20]
@@ -151,13 +165,23 @@ def test_fp16_order_unscale_clip_step_update_zero_grad_schedule(monkeypatch):
     def clip(params, max_norm, *a, **k):
         params = list(params)
         log.append("clip")
-        seen_norms.append(float(torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))))
+        seen_norms.append(
+            float(
+                torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
+                )
+            )
+        )
         return real_clip(params, max_norm, *a, **k)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
-    for obj, name in [(scaler, "unscale_"), (scaler, "step"), (scaler, "update"),
-                      (optimizer, "zero_grad"), (scheduler, "step")]:
+    for obj, name in [
+        (scaler, "unscale_"),
+        (scaler, "step"),
+        (scaler, "update"),
+        (optimizer, "zero_grad"),
+        (scheduler, "step"),
+    ]:
         spy(obj, name)
 
     data = batches(4, 8)
@@ -168,8 +192,16 @@ def test_fp16_order_unscale_clip_step_update_zero_grad_schedule(monkeypatch):
     loss.backward()
     true_norm = float(torch.nn.utils.get_total_norm([p.grad for p in ref.parameters()]))
 
-    step, _ = run(model, data, k=2, optimizer=optimizer, scheduler=scheduler,
-                  amp_dtype=torch.float16, scaler=scaler, clip_grad_norm=1e-3)
+    step, _ = run(
+        model,
+        data,
+        k=2,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        amp_dtype=torch.float16,
+        scaler=scaler,
+        clip_grad_norm=1e-3,
+    )
     one_update = ["unscale_", "clip", "step", "update", "zero_grad", "step"]
     assert log == one_update * 2
     assert seen_norms[0] == pytest.approx(true_norm, rel=1e-2)  # scaled would be 1024x larger

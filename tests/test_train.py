@@ -13,8 +13,16 @@ from accel import config
 from accel.train import NonFiniteLoss, train
 from tests.conftest import ROOT, run_cli
 
-CURVES = ("train_loss", "val_loss", "val_accuracy", "val_f1", "epoch_time_s", "train_throughput",
-          "lr", "peak_memory_mb")
+CURVES = (
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "val_f1",
+    "epoch_time_s",
+    "train_throughput",
+    "lr",
+    "peak_memory_mb",
+)
 TIMINGS = ("epoch_time_s", "train_throughput", "peak_memory_mb")
 
 
@@ -30,14 +38,23 @@ def test_same_seed_twice_gives_identical_metrics(tiny_overrides):
     strip = lambda h: [{k: v for k, v in row.items() if k not in TIMINGS} for row in h]  # noqa: E731
     assert strip(a.history) == strip(b.history)
     assert len(a.history) == 2
-    other = train(config.load(None, [*tiny_overrides, "train.accumulation_steps=2",
-                                     "train.seed=1"]), track=False)
+    other = train(
+        config.load(None, [*tiny_overrides, "train.accumulation_steps=2", "train.seed=1"]),
+        track=False,
+    )
     assert strip(other.history) != strip(a.history)  # the seed is really used
 
 
 def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
-    proc = run_cli("train", *tiny_overrides, "train.clip_grad_norm=1.0", "--tracking-uri", store,
-                   "--experiment", "contract")
+    proc = run_cli(
+        "train",
+        *tiny_overrides,
+        "train.clip_grad_norm=1.0",
+        "--tracking-uri",
+        store,
+        "--experiment",
+        "contract",
+    )
     assert proc.returncode == 0, proc.stderr
     run_id = proc.stdout.split()[1].rstrip(":")
 
@@ -48,8 +65,10 @@ def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.tags["accel.role"] == "train"
 
-    cfg = config.load(ROOT / config.DEFAULT_CONFIG, [*tiny_overrides, "train.clip_grad_norm=1.0",
-                                                     "tracking.experiment=contract"])
+    cfg = config.load(
+        ROOT / config.DEFAULT_CONFIG,
+        [*tiny_overrides, "train.clip_grad_norm=1.0", "tracking.experiment=contract"],
+    )
     assert run.data.params["tracking.uri"] == "null"  # never the store URL (may hold a password)
     for key, value in cfg.flat().items():  # the whole resolved config, not just a few keys
         assert run.data.params[key] == ("null" if value is None else str(value)), key
@@ -70,8 +89,16 @@ def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
 
 
 def test_nan_loss_ends_failed(tiny_overrides, store):
-    proc = run_cli("train", *tiny_overrides, "train.optimizer=sgd", "train.lr=1e12",
-                   "--tracking-uri", store, "--experiment", "nan")
+    proc = run_cli(
+        "train",
+        *tiny_overrides,
+        "train.optimizer=sgd",
+        "train.lr=1e12",
+        "--tracking-uri",
+        store,
+        "--experiment",
+        "nan",
+    )
     assert proc.returncode == 1
     assert "loss became" in proc.stderr and "Traceback" not in proc.stderr
     runs = runs_in(store, "nan")
