@@ -36,6 +36,7 @@ def load_config(items: list[str]) -> Config:
 def _quiet_libraries() -> None:
     for name in ("alembic", "mlflow", "optuna", "ignite"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # per-retry network noise
 
 
 def cmd_train(args: argparse.Namespace) -> int:

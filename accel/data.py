@@ -115,7 +115,7 @@ def _raw_dataset(kind: str, root: str, split: str, transform, download: bool = F
 def _image_splits(cfg: Config, size_default: int):
     """(train, val, test or None, classes, in_chans, native side) for the image datasets."""
     d = cfg.data
-    kind, root = d.dataset, d.root
+    kind, root = d.dataset, str(Path(d.root).expanduser())  # data.root: ~/.cache/... works
     if kind == "imagefolder":
         if not (Path(root) / "train").is_dir():
             raise DataError(

@@ -95,13 +95,15 @@ def train(
     device = E.resolve_device(t.device)
     seed_everything(t.seed, t.deterministic)
     data = build_data(cfg, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # this run's peak, not the process's
     bare = build_model(cfg, data.num_classes, data.in_chans, data.img_size)
     model = prepare_model(bare, cfg, device)
 
     amp_dtype = E.resolve_amp(t.amp, device)
     epoch_length = t.epoch_length or len(data.train)
     optimizer = E.build_optimizer(model, t)
-    non_blocking = cfg.data.pin_memory and device.type == "cuda"
+    non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
     step = E.UpdateStep(
         model,
         optimizer,
