@@ -147,7 +147,9 @@ _FALSE = {"false", "no", "off", "0"}
 def coerce(key: str, value: Any, tp: Any) -> Any:
     """Cast `value` (from YAML, an override string or an MLflow param) to the field type."""
     base, optional = _base_type(tp)
-    if value is None or (isinstance(value, str) and value.strip().lower() in {"null", "none", "~"}):
+    text = value.strip().lower() if isinstance(value, str) else None
+    # "none" is null only where null is allowed: `search.pruner=none` is the string.
+    if value is None or text in {"null", "~"} or (optional and text == "none"):
         if optional:
             return None
         raise ConfigError(f"{key}=None: a value is required ({_type_name(base)})")
