@@ -1,0 +1,59 @@
+"""MLflow tracking overhead: the same `train(cfg)` with and without tracking, side by side.
+
+Both contenders run the whole `train` (data, model, epochs, validation, test); the tracked one
+also creates the run, logs the ~60 params, config.yaml, environment.json, per-epoch metrics, the
+confusion matrix and the checkpoint into a local SQLite store (created once, before timing, as a
+user's store already exists). Rounds alternate so machine drift hits both alike. Prints the ratio
+last (goal <= 1.02).
+
+    .venv/bin/python bench/tracking_overhead.py [CONFIG] [KEY=VALUE ...] [--rounds 3]
+
+CONFIG defaults to experiments/quickstart.yaml (about 20 s per run on a quiet 2-core CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.common import ratio, summary, time_rounds  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("items", nargs="*", metavar="[CONFIG] [KEY=VALUE]")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+
+    from accel import config
+    from accel.cli import _quiet_libraries
+    from accel.train import train
+
+    items = args.items
+    path = items.pop(0) if items and "=" not in items[0] else ROOT / "experiments/quickstart.yaml"
+    cfg = config.load(path, items)
+    _quiet_libraries()
+    store = tempfile.mkdtemp(prefix="accel-bench-")
+    cfg.tracking.uri = f"sqlite:///{store}/mlflow.db"
+    cfg.tracking.experiment = "bench-tracking"
+
+    print(f"{path}: model {cfg.model.name}, data {cfg.data.dataset}, {cfg.train.epochs} epochs; "
+          f"store {cfg.tracking.uri}")
+    contenders = {"tracked": lambda: train(cfg), "untracked": lambda: train(cfg, track=False)}
+    times = time_rounds(contenders, args.rounds)
+    for name, ts in times.items():
+        print(f"{name:10s} {summary(ts)}")
+    seconds = sorted(a - b for a, b in zip(times["tracked"], times["untracked"], strict=True))
+    print(f"tracking cost per run: {seconds[len(seconds) // 2]:.2f} s (median of the paired "
+          f"differences; fixed per run, so its share falls as runs get longer)")
+    med, lo, hi = ratio(times, "tracked", "untracked")
+    print(f"tracking overhead ratio (tracked / untracked): {med:.3f}  "
+          f"(per-round {lo:.3f}..{hi:.3f}, {args.rounds} rounds)")
+
+
+if __name__ == "__main__":
+    main()
