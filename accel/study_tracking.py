@@ -1,0 +1,213 @@
+"""The MLflow side of a tuning study: its one parent run, the trials' child runs, and what the
+parent run shows (best value and trial, trials.csv, Optuna's plots).
+
+Names are part of the contract (DESIGN.md): experiment = study name; the parent run has tags
+`accel.role=study` and `accel.study`; each trial run is its child, named `trial-NNN`, with tags
+`accel.role=trial`, `optuna.trial_number` and `optuna.trial_state`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import sys
+import time
+from collections.abc import Callable
+
+from accel.config import Config
+
+RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}  # Optuna -> MLflow
+PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
+# Drawing the plots takes seconds on a CPU (PNG rendering): after a trial they are redrawn when
+# this process last drew them PLOT_EVERY_S ago; the end of every `accel tune` always redraws them.
+PLOT_EVERY_S = 60.0
+ATTR_RUN, ATTR_ERROR = "mlflow_run_id", "accel.error"  # trial user attrs
+ATTR_PARENT = "accel.parent_run_id"  # study user attr
+
+
+def one_line(error: BaseException) -> str:
+    """The first line of an error, with any password in a URL hidden."""
+    from accel.tracking import redact
+
+    text = str(error).strip().splitlines()
+    return redact(text[0] if text else type(error).__name__)[:300]
+
+
+@functools.cache
+def tracker_for(uri: str):
+    """One Tracker (one SQLAlchemy engine) per store and process."""
+    from accel.tracking import Tracker
+
+    return Tracker(uri)
+
+
+def retry_locked(fn, *args, attempts: int = 8, **kwargs):
+    """Call `fn`, backing off while SQLite says 'database is locked' (several worker processes
+    write to one MLflow store; its 20 s busy timeout does not cover lock upgrades)."""
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if "database is locked" not in str(e) or i == attempts - 1:
+                raise
+            time.sleep(0.1 * 2**i * (1 + random.random()))
+    raise AssertionError("unreachable")
+
+
+def search_runs(tracker, study: str, filters: str) -> list:
+    """Runs of `study` matching `filters` (MLflow filter syntax), oldest first."""
+    exp = retry_locked(tracker.client.get_experiment_by_name, study)
+    if exp is None:
+        return []
+    return retry_locked(tracker.client.search_runs, [exp.experiment_id],
+                        f"tags.`accel.study` = '{study}' AND {filters}",
+                        order_by=["attributes.start_time ASC"])
+
+
+def parent_runs(tracker, study: str) -> list[str]:
+    return [r.info.run_id for r in search_runs(tracker, study, "tags.`accel.role` = 'study'")]
+
+
+def find_trial_run(tracker, study: str, number: int) -> str | None:
+    runs = search_runs(tracker, study, f"tags.`accel.role` = 'trial' AND "
+                                       f"tags.`optuna.trial_number` = '{number}'")
+    return runs[-1].info.run_id if runs else None
+
+
+def ensure_parent_run(tracker, study, cfg: Config, storage_url: str) -> str:
+    """The study's one parent run: found again on resume, created once otherwise."""
+    run_id = study.user_attrs.get(ATTR_PARENT)
+    if run_id and run_id not in parent_runs(tracker, study.study_name):
+        run_id = None  # deleted, or this is another MLflow store
+    if run_id is None:
+        found = parent_runs(tracker, study.study_name)
+        run_id = found[0] if found else _create_parent(tracker, study.study_name, cfg,
+                                                       storage_url)
+        # Two invocations starting together may both create one: the earliest wins.
+        winner = parent_runs(tracker, study.study_name)[0]
+        if winner != run_id:
+            retry_locked(tracker.client.delete_run, run_id)
+            run_id = winner
+        study.set_user_attr(ATTR_PARENT, run_id)
+    retry_locked(tracker.client.update_run, run_id, status="RUNNING")
+    return run_id
+
+
+def _create_parent(tracker, name: str, cfg: Config, storage_url: str) -> str:
+    from accel.tracking import redact
+
+    s = cfg.search
+    run_id = retry_locked(tracker.start_run, name, f"study-{name}", tags={
+        "accel.role": "study", "accel.study": name, "optuna.storage": redact(storage_url),
+        "optuna.sampler": s.sampler, "optuna.pruner": s.pruner, "search.metric": s.metric,
+        "search.direction": s.direction,
+    })
+    params = cfg.flat()
+    if params.get("tracking.uri"):
+        params["tracking.uri"] = redact(params["tracking.uri"])
+    retry_locked(tracker.log_params, run_id, params)
+    retry_locked(tracker.log_text, run_id, cfg.to_yaml(), "config.yaml")
+    return run_id
+
+
+def trial_tags(study: str, number: int, invocation: str) -> dict[str, str]:
+    return {"accel.role": "trial", "accel.study": study, "optuna.trial_number": str(number),
+            "optuna.trial_state": "RUNNING", "accel.invocation": invocation}
+
+
+def close_trial_run(tracker, study: str, number: int, state: str, error: str | None = None,
+                    *, run_id: str | None = None, interrupted: bool = False,
+                    open_run: Callable[[], str] | None = None) -> str | None:
+    """Give a finished trial's MLflow run its final tag and status, so every trial has exactly
+    one run: `open_run` makes it when the trial failed before `train()` opened one."""
+    run_id = run_id or find_trial_run(tracker, study, number)
+    if run_id is None:
+        if open_run is None:
+            return None
+        run_id = open_run()
+    tags = {"optuna.trial_state": state}
+    if error:
+        tags[ATTR_ERROR] = error[:500]
+    retry_locked(tracker.set_tags, run_id, tags)
+    status = "KILLED" if interrupted else RUN_STATUS[state]
+    if retry_locked(tracker.client.get_run, run_id).info.status != status:
+        retry_locked(tracker.end_run, run_id, status)
+    return run_id
+
+
+# --- what the study's parent run shows ---------------------------------------------------------
+
+
+def best_trial(study):
+    """The best COMPLETE trial, or None while there is none."""
+    try:
+        return study.best_trial
+    except ValueError:
+        return None
+
+
+def update_parent(tracker, study, run_id: str, *, plots: bool) -> None:
+    """best_value / best_trial, trial counts, trials.csv and (when asked) Optuna's plots."""
+    trials = study.get_trials(deepcopy=False)
+    counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL")}
+    metrics = {"n_complete": counts["COMPLETE"], "n_pruned": counts["PRUNED"],
+               "n_failed": counts["FAIL"]}
+    best = best_trial(study)
+    if best is not None:
+        metrics["best_value"] = best.value
+        retry_locked(tracker.set_tags, run_id, {
+            "best_trial": best.number, "best_run_id": best.user_attrs.get(ATTR_RUN, ""),
+        })
+        retry_locked(tracker.log_text, run_id, json.dumps(best.params, indent=2),
+                     "best_params.json")
+    finished = sum(counts.values())
+    retry_locked(tracker.log_metrics, run_id, metrics, step=finished)
+    retry_locked(tracker.log_text, run_id, trials_csv(study), "trials.csv")
+    if plots and best is not None:
+        log_plots(tracker, study, run_id)
+
+
+def trials_csv(study) -> str:
+    frame = study.trials_dataframe(attrs=("number", "state", "value", "datetime_start",
+                                          "datetime_complete", "duration", "params",
+                                          "user_attrs"))
+    return frame.to_csv(index=False)
+
+
+def log_plots(tracker, study, run_id: str) -> None:
+    """Optuna's history, importances and parallel coordinates, as interactive HTML and PNG."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna.visualization as html_plots
+    import optuna.visualization.matplotlib as png_plots
+
+    complete = len(study.get_trials(deepcopy=False, states=complete_states()))
+    for name in PLOTS:
+        if name == "param_importances" and complete < 2:
+            continue  # importances need at least two complete trials
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "experimental" warnings of the matplotlib API
+                figure = getattr(html_plots, f"plot_{name}")(study)
+                # Inline plotly.js (~4 MB): the UI shows the plot without a network.
+                retry_locked(tracker.log_text, run_id,
+                             figure.to_html(include_plotlyjs=True, full_html=True),
+                             f"plots/{name}.html")
+                axes = getattr(png_plots, f"plot_{name}")(study)
+                fig = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
+                fig.set_size_inches(10, 6)
+                retry_locked(tracker.log_figure, run_id, fig, f"plots/{name}.png")
+                plt.close(fig)
+        except Exception as e:  # a plot is a view; the study goes on without it
+            print(f"accel: note: skipped plot {name}: {one_line(e)}", file=sys.stderr)
+
+
+def complete_states():
+    from optuna.trial import TrialState
+
+    return (TrialState.COMPLETE,)

@@ -1,0 +1,450 @@
+"""`accel tune` / `accel best`: the search space, the study's layout in Optuna and MLflow, resume,
+conflicts, worker processes, failures, Ctrl-C and the PostgreSQL storage. Tiny model, few
+iterations, CPU; every study lives in tmp_path."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from accel import config, search
+from accel.cli import main
+from tests.conftest import ROOT, run_cli
+
+# Like conftest's `tiny_overrides`, with fewer iterations: a trial takes a few seconds.
+TINY = {
+    "data": {"dataset": "digits", "num_workers": 0, "val_fraction": 0.05},
+    "model": {"name": "test_resnet", "img_size": 16},
+    "train": {"epochs": 2, "epoch_length": 3, "batch_size": 16, "device": "cpu", "amp": "off",
+              "lr": 3.0e-3},
+    "tracking": {"log_checkpoint": False},
+}
+# The five mission parameters; small ranges so that no sampled trial diverges by chance.
+SPACE = {
+    "train.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True},
+    "train.optimizer": {"type": "categorical", "choices": ["adam", "adamw", "sgd"]},
+    "train.weight_decay": {"type": "float", "low": 0.0, "high": 0.1},
+    "train.clip_grad_norm": {"type": "categorical", "choices": [None, 1.0]},
+    "train.accumulation_steps": {"type": "int", "low": 1, "high": 2},
+}
+NAN_LR = 1.0e12  # makes the loss NaN within a few updates
+
+
+@dataclass
+class Stores:
+    """One study's Optuna journal and MLflow store, both under one tmp folder."""
+
+    root: Path
+
+    @property
+    def storage(self) -> str:
+        return str(self.root / "optuna.journal")
+
+    @property
+    def uri(self) -> str:
+        return f"sqlite:///{self.root / 'mlruns' / 'mlflow.db'}"
+
+    def study(self, name: str):
+        import optuna
+
+        return optuna.load_study(study_name=name, storage=search.open_storage(self.storage))
+
+    def client(self):
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracking_uri=self.uri)
+
+    def runs(self, name: str) -> list:
+        client = self.client()
+        exp = client.get_experiment_by_name(name)
+        assert exp is not None, f"no MLflow experiment named {name}"
+        return client.search_runs([exp.experiment_id], max_results=1000)
+
+    def tune(self, experiment_file: Path, name: str, *args: str, overrides=()) -> int:
+        """`accel tune FILE [KEY=VALUE ...] --study NAME ...`, in this process."""
+        return main(["tune", str(experiment_file), *overrides, "--study", name,
+                     "--storage", self.storage, "--tracking-uri", self.uri, *args])
+
+
+def experiment(folder: Path, name: str, space: dict | None = None, **search_keys) -> Path:
+    data = copy.deepcopy(TINY)
+    data["name"] = name
+    space = copy.deepcopy(SPACE if space is None else space)
+    data["search"] = {"n_trials": 2, "space": space, **search_keys}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def role(runs, name: str) -> list:
+    return [r for r in runs if r.data.tags.get("accel.role") == name]
+
+
+# --- the search space --------------------------------------------------------------------------
+
+
+def test_quickstart_space_has_the_five_mission_parameters():
+    cfg = config.load(ROOT / "experiments" / "quickstart.yaml")
+    dims = {d.key: d for d in search.check_search(cfg)}
+    assert set(dims) == {"train.lr", "train.optimizer", "train.weight_decay",
+                         "train.clip_grad_norm", "train.accumulation_steps"}
+    assert dims["train.lr"].type == "float" and dims["train.lr"].log
+    assert set(dims["train.optimizer"].choices) == {"adam", "adamw", "sgd"}
+    assert None in dims["train.clip_grad_norm"].choices  # clipping off is a choice
+    assert dims["train.accumulation_steps"].type == "int"
+
+
+def test_trial_values_reach_the_config():
+    import optuna
+
+    cfg = config.from_dict({**TINY, "search": {"space": SPACE}})
+    dims = search.check_search(cfg)
+    fixed = optuna.trial.FixedTrial({"train.lr": 0.005, "train.optimizer": "sgd",
+                                     "train.weight_decay": 0.01, "train.clip_grad_norm": None,
+                                     "train.accumulation_steps": 2})
+    out = search.trial_config(cfg, dims, fixed)
+    assert (out.train.lr, out.train.optimizer, out.train.weight_decay) == (0.005, "sgd", 0.01)
+    assert out.train.clip_grad_norm is None and out.train.accumulation_steps == 2
+    assert cfg.train.optimizer == "adamw", "the base config must not change"
+    # The stored definition survives a JSON round trip unchanged (what resume compares).
+    definition = search.definition(cfg, dims)
+    assert json.loads(json.dumps(definition)) == definition
+
+
+@pytest.mark.parametrize("name", search.PRUNERS)
+def test_each_pruner_can_be_chosen_from_the_command_line(name):
+    import optuna
+
+    kinds = {"none": optuna.pruners.NopPruner, "median": optuna.pruners.MedianPruner,
+             "hyperband": optuna.pruners.HyperbandPruner}
+    cfg = config.load(ROOT / "experiments" / "quickstart.yaml", [f"search.pruner={name}"])
+    search.check_search(cfg)
+    assert isinstance(search.build_pruner(cfg.search.pruner, cfg.train.epochs), kinds[name])
+
+
+INVALID = {
+    "unknown key": ({"train.lrr": {"type": "float", "low": 0.1, "high": 1.0}},
+                    "unknown config key"),
+    "low >= high": ({"train.lr": {"type": "float", "low": 0.1, "high": 0.01}}, "must be < high"),
+    "log, low <= 0": ({"train.lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}},
+                      "log: true needs low > 0"),
+    "empty choices": ({"train.optimizer": {"type": "categorical", "choices": []}},
+                      "non-empty list"),
+    "choice the config rejects": ({"train.optimizer": {"type": "categorical",
+                                                       "choices": ["adam", "lion"]}}, "lion"),
+    "bound the config rejects": ({"train.accumulation_steps": {"type": "int", "low": 0,
+                                                               "high": 4}}, ">= 1"),
+    "unknown type": ({"train.lr": {"type": "loguniform", "low": 0.1, "high": 1.0}},
+                     "not one of: float, int, categorical"),
+    "empty space": ({}, "search.space is empty"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID)
+def test_invalid_space_exits_2_before_any_trial(tmp_path, case):
+    space, words = INVALID[case]
+    exp = experiment(tmp_path, "bad", space=space)
+    journal = tmp_path / "optuna.journal"
+    proc = run_cli("tune", str(exp), "--storage", str(journal),
+                   "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("accel: error: search."), proc.stderr
+    assert words in lines[0]
+    assert not journal.exists() and not (tmp_path / "mlflow.db").exists(), "nothing may start"
+
+
+# --- one study, every trial outcome ------------------------------------------------------------
+
+
+class ForcedPruner:
+    """Prunes trial 2 at its first report and raises an out-of-memory error inside trial 3's
+    run (as a GPU would mid-epoch); other trials are never pruned."""
+
+    def prune(self, study, trial) -> bool:
+        import torch
+
+        if trial.number == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated by the test)")
+        return trial.number == 2
+
+
+@pytest.fixture(scope="module")
+def study5(tmp_path_factory):
+    """5 trials: 0 the file's values COMPLETE, 1 NaN loss FAIL, 2 PRUNED, 3 OOM FAIL, 4 COMPLETE."""
+    import optuna
+
+    stores = Stores(tmp_path_factory.mktemp("study5"))
+    exp = experiment(stores.root, "s5")
+    study, _ = search.prepare(config.load(exp), "s5", stores.storage, stores.uri)
+    assert len(study.trials) == 1  # the baseline, queued by prepare()
+    study.enqueue_trial({"train.lr": NAN_LR})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(search, "build_pruner",
+                   lambda *a: type("P", (ForcedPruner, optuna.pruners.BasePruner), {})())
+        assert stores.tune(exp, "s5", "--n-trials", "5") == 0
+    return stores, exp
+
+
+EXPECTED = [("COMPLETE", "FINISHED"), ("FAIL", "FAILED"), ("PRUNED", "KILLED"),
+            ("FAIL", "FAILED"), ("COMPLETE", "FINISHED")]
+
+
+def test_study_has_one_parent_and_one_child_run_per_trial(study5):
+    stores, _ = study5
+    study = stores.study("s5")
+    trials = study.trials[:5]
+    assert [t.state.name for t in trials] == [state for state, _ in EXPECTED]
+    assert "NonFiniteLoss" in trials[1].user_attrs["accel.error"]
+    assert "OutOfMemoryError" in trials[3].user_attrs["accel.error"]
+    assert trials[0].user_attrs.get("accel.baseline") and trials[0].params["train.lr"] == 3.0e-3
+
+    runs = stores.runs("s5")
+    parents = role(runs, "study")
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.data.tags["accel.study"] == "s5"
+    assert study.user_attrs["accel.parent_run_id"] == parent.info.run_id
+    children = {int(r.data.tags["optuna.trial_number"]): r for r in role(runs, "trial")
+                if int(r.data.tags["optuna.trial_number"]) < 5}
+    assert sorted(children) == [0, 1, 2, 3, 4]
+    for number, (state, status) in enumerate(EXPECTED):
+        run = children[number]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.info.run_name == f"trial-{number:03d}"
+        assert run.data.tags["accel.study"] == "s5"
+        assert (run.data.tags["optuna.trial_state"], run.info.status) == (state, status), number
+        assert trials[number].user_attrs["mlflow_run_id"] == run.info.run_id
+    # Params: the whole resolved config, with the trial's own values.
+    done = children[4]
+    assert done.data.params["model.name"] == "test_resnet"
+    assert done.data.params["data.dataset"] == "digits"
+    assert float(done.data.params["train.lr"]) == pytest.approx(trials[4].params["train.lr"])
+    history = stores.client().get_metric_history(done.info.run_id, "val_accuracy")
+    assert [m.step for m in history] == [1, 2]  # one point per epoch
+    assert float(children[1].data.params["train.lr"]) == NAN_LR
+
+
+def test_parent_run_shows_the_best_trial_and_the_plots(study5):
+    stores, _ = study5
+    study = stores.study("s5")
+    client = stores.client()
+    parent = role(stores.runs("s5"), "study")[0]
+    assert parent.data.metrics["best_value"] == pytest.approx(study.best_value)
+    assert parent.data.tags["best_trial"] == str(study.best_trial.number)
+    assert parent.info.status == "FINISHED"
+    files = {f.path for f in client.list_artifacts(parent.info.run_id)}
+    assert {"trials.csv", "best_params.json", "plots", "config.yaml"} <= files
+    plots = {f.path for f in client.list_artifacts(parent.info.run_id, "plots")}
+    for name in ("optimization_history", "param_importances", "parallel_coordinate"):
+        assert {f"plots/{name}.html", f"plots/{name}.png"} <= plots, plots
+    csv = Path(client.download_artifacts(parent.info.run_id, "trials.csv")).read_text()
+    assert len(csv.strip().splitlines()) == 1 + len(study.trials)
+
+
+def test_best_prints_the_best_complete_trial_and_how_to_reproduce_it(study5, capsys):
+    stores, _ = study5
+    finished = [r for r in role(stores.runs("s5"), "trial")
+                if r.data.tags["optuna.trial_state"] == "COMPLETE"]
+    best = max(finished, key=lambda r: r.data.metrics["val_accuracy"])
+    capsys.readouterr()
+    assert main(["best", "--study", "s5", "--storage", stores.storage]) == 0
+    out = capsys.readouterr().out
+    assert f"mlflow run: {best.info.run_id}" in out
+    assert f"accel reproduce {best.info.run_id} --tracking-uri {stores.uri}" in out
+    assert f"best trial: {best.data.tags['optuna.trial_number']}" in out
+
+
+def test_rerun_with_another_direction_or_space_is_refused(study5, capsys):
+    stores, exp = study5
+    n = len(stores.study("s5").trials)
+    capsys.readouterr()
+    assert stores.tune(exp, "s5", overrides=["search.direction=minimize"]) == 2
+    err = capsys.readouterr().err
+    assert "search.direction" in err and "--study" in err
+    space = copy.deepcopy(SPACE)
+    space["train.lr"]["high"] = 0.5
+    other = experiment(stores.root, "s5b", space=space)
+    assert stores.tune(other, "s5") == 2
+    err = capsys.readouterr().err
+    assert "search.space.train.lr" in err and len(err.strip().splitlines()) == 1
+    assert len(stores.study("s5").trials) == n, "a refused run must not add trials"
+    # The same settings under a new study name are a new study (prepared, not run here).
+    fresh, _ = search.prepare(config.load(other), "s5-other", stores.storage, stores.uri)
+    assert fresh.user_attrs["accel.definition"]["space"]["train.lr"]["high"] == 0.5
+
+
+def test_rerun_resumes_the_study_under_the_same_parent_run(study5):
+    stores, exp = study5
+    before = stores.study("s5")
+    parent = before.user_attrs["accel.parent_run_id"]
+    # A trial left RUNNING by a process that was killed (kill -9: no clean-up ran).
+    orphan = before.ask()
+    orphan.set_user_attr("accel.host", socket.gethostname())
+    orphan.set_user_attr("accel.pid", _pid_of_finished_process())
+    n = len(before.trials)
+    assert stores.tune(exp, "s5", "--n-trials", "1") == 0
+    after = stores.study("s5")
+    assert after.trials[orphan.number].state.name == "FAIL", "the orphan is closed on resume"
+    assert len(after.trials) == n + 1 and after.trials[-1].state.name == "COMPLETE"
+    assert after.user_attrs["accel.parent_run_id"] == parent
+    runs = stores.runs("s5")
+    assert len(role(runs, "study")) == 1
+    newest = [r for r in role(runs, "trial") if r.data.tags["optuna.trial_number"] == str(n)]
+    assert len(newest) == 1 and newest[0].data.tags["mlflow.parentRunId"] == parent
+
+
+def _pid_of_finished_process() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+# --- worker processes and Ctrl-C ---------------------------------------------------------------
+
+
+def test_two_workers_share_six_trials_exactly_once(tmp_path):
+    stores = Stores(tmp_path)
+    exp = experiment(tmp_path, "w2")
+    proc = run_cli("tune", str(exp), "--study", "w2", "--storage", stores.storage,
+                   "--tracking-uri", stores.uri, "--n-trials", "6", "--workers", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "database is locked" not in proc.stderr
+    trials = stores.study("w2").trials
+    assert len(trials) == 6
+    assert sorted(t.number for t in trials) == list(range(6))
+    assert all(t.state.is_finished() for t in trials), [t.state for t in trials]
+    assert len({t.user_attrs["accel.pid"] for t in trials}) == 2, "both workers ran trials"
+    runs = stores.runs("w2")
+    children = role(runs, "trial")
+    assert sorted(int(r.data.tags["optuna.trial_number"]) for r in children) == list(range(6))
+    assert len(role(runs, "study")) == 1
+    parent = role(runs, "study")[0].info.run_id
+    assert all(r.data.tags["mlflow.parentRunId"] == parent for r in children)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+
+
+def test_ctrl_c_leaves_nothing_running_and_the_rerun_resumes(tmp_path):
+    stores = Stores(tmp_path)
+    # A long first trial (many short epochs), so the interrupt lands inside it.
+    exp = experiment(tmp_path, "cc")
+    data = yaml.safe_load(exp.read_text())
+    data["train"]["epochs"] = 200
+    exp.write_text(yaml.safe_dump(data, sort_keys=False))
+    # Ctrl-C is a SIGINT to this process, sent once trial 0 has logged an epoch.
+    poller = threading.Thread(target=_interrupt_when_training, args=(stores, "cc"), daemon=True)
+    poller.start()
+    assert stores.tune(exp, "cc", "--n-trials", "3") == 130
+    poller.join()
+    study = stores.study("cc")
+    assert [t.state.name for t in study.trials] == ["FAIL"]
+    runs = stores.runs("cc")
+    assert {r.info.status for r in runs} == {"KILLED"}, [(r.info.run_name, r.info.status)
+                                                         for r in runs]
+    assert role(runs, "trial")[0].data.tags["optuna.trial_state"] == "FAIL"
+    # Rerunning the same command continues the study under the same parent run.
+    data["train"]["epochs"] = 2
+    exp.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert stores.tune(exp, "cc", "--n-trials", "1") == 0
+    study = stores.study("cc")
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"]
+    assert len(role(stores.runs("cc"), "study")) == 1
+
+
+def _interrupt_when_training(stores: Stores, name: str, timeout: float = 300.0) -> None:
+    """SIGINT this process once trial 0's MLflow run has logged an epoch (inside train())."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(0.5)
+        try:
+            runs = role(stores.runs(name), "trial")
+            if runs and stores.client().get_metric_history(runs[0].info.run_id, "val_loss"):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+        except Exception:  # the store or the experiment is not there yet
+            pass
+
+
+# --- PostgreSQL storage ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def postgres_url():
+    """A fresh database on the local server (trust auth), dropped afterwards."""
+    psycopg2 = pytest.importorskip("psycopg2")
+    try:
+        admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres",
+                                 connect_timeout=3)
+    except psycopg2.OperationalError as e:
+        pytest.skip(f"PostgreSQL is not reachable at 127.0.0.1:5432: {e}".strip())
+    admin.autocommit = True
+    name = f"accel_test_{uuid.uuid4().hex[:10]}"
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
+
+
+def test_postgres_storage_runs_and_retries_a_dead_workers_trial(tmp_path, postgres_url,
+                                                               monkeypatch, capsys):
+    import optuna
+
+    # Heartbeats every second; a trial silent for 2 s belongs to a dead worker.
+    monkeypatch.setattr(search, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(search, "GRACE_S", 2)
+    # Trust auth ignores the password: it is here to check that it is never shown or logged.
+    postgres_url = postgres_url.replace("postgres@", "postgres:s3cret-pw@")
+    stores = Stores(tmp_path)
+    exp = experiment(tmp_path, "pg")
+    study, plan = search.prepare(config.load(exp), "pg", postgres_url, stores.uri)
+    storage = study._storage
+    assert storage.get_heartbeat_interval() == 1
+    # A worker that took the first trial, chose its values, beat once, then died.
+    dead = study.ask()
+    search.trial_config(plan.cfg, plan.dims, dead)
+    storage.record_heartbeat(dead._trial_id)
+    time.sleep(3)
+    assert main(["tune", str(exp), "--study", "pg", "--storage", postgres_url,
+                 "--tracking-uri", stores.uri, "--n-trials", "1"]) == 0
+    study = optuna.load_study(study_name="pg", storage=search.open_storage(postgres_url))
+    states = [t.state.name for t in study.trials]
+    assert states == ["FAIL", "COMPLETE"], states
+    retried = study.trials[1]
+    assert retried.system_attrs.get("failed_trial") == 0
+    assert retried.params == dead.params  # the same values, run again
+    tune_out, tune_err = capsys.readouterr()
+    assert main(["best", "--study", "pg", "--storage", postgres_url]) == 0
+    out, err = capsys.readouterr()
+    out, err = tune_out + out, tune_err + err
+    assert "best trial: 1" in out and retried.user_attrs["mlflow_run_id"] in out
+    assert "postgres:***@127.0.0.1" in out + err
+    logged = [v for r in stores.runs("pg") for v in (*r.data.tags.values(),
+                                                      *r.data.params.values())]
+    assert not [v for v in logged if "s3cret-pw" in v]
+    assert "s3cret-pw" not in out + err
+
+
+def test_storage_password_is_never_printed(tmp_path):
+    exp = experiment(tmp_path, "pw")
+    url = "postgresql://someone:s3cret-pw@127.0.0.1:1/nowhere"
+    proc = run_cli("tune", str(exp), "--study", "pw", "--storage", url,
+                   "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "s3cret-pw" not in proc.stderr + proc.stdout
+    assert "someone:***@127.0.0.1" in proc.stderr
