@@ -206,6 +206,9 @@ def build_data(cfg: Config, device: torch.device) -> Data:
         train_ds,
         batch_size=t.batch_size,
         shuffle=True,
+        # A last batch of one image breaks BatchNorm's batch statistics; drop the remainder
+        # (a different one each epoch, as the order is reshuffled) when a full batch exists.
+        drop_last=len(train_ds) > t.batch_size,
         generator=torch.Generator().manual_seed(t.seed),
         **common,
     )
