@@ -22,8 +22,9 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Fast CPU tests plus the `slow` ones on real CIFAR-10 (../shared/data); `gpu` tests need a GPU.
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not gpu"
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine_overhead.py
