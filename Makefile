@@ -27,7 +27,7 @@ test: lint
 	$(BIN)/pytest -m "not gpu"
 
 bench: $(STAMP)
-	$(BIN)/python bench/engine_overhead.py
+	for b in engine_overhead amp_cpu tracking_overhead cli_startup; do $(BIN)/python bench/$$b.py; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
