@@ -40,9 +40,6 @@ class Result:
     epochs: int = 0  # epochs completed
     wall_time_s: float = 0.0
 
-    def value(self, metric: str) -> float:
-        return self.metrics[metric]
-
 
 def seed_everything(seed: int, deterministic: bool) -> None:
     """Seeds python, numpy and torch; deterministic kernels when asked (slower on GPU)."""

@@ -17,7 +17,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from accel import engine as E  # noqa: E402
-from bench.common import ratio, summary, time_rounds  # noqa: E402
+from bench.common import print_ratio, summary, time_rounds  # noqa: E402
 
 
 def main() -> None:
@@ -64,11 +64,7 @@ def main() -> None:
     )
     for name, ts in times.items():
         print(f"{name:5s} {summary(ts)}  rounds stopped by NaN: {nonfinite[name]}")
-    med, lo, hi = ratio(times, "fp32", "bf16")
-    print(
-        f"bf16 speed-up (fp32 / bf16): {med:.2f}x  (per-round {lo:.2f}..{hi:.2f}, "
-        f"{args.rounds} rounds)"
-    )
+    print_ratio(times, "fp32", "bf16", "bf16 speed-up, times (fp32 / bf16)", ".2f")
 
 
 if __name__ == "__main__":

@@ -35,3 +35,10 @@ def ratio(times: dict[str, list[float]], num: str, den: str) -> tuple[float, flo
         min(per_round),
         max(per_round),
     )
+
+
+def print_ratio(times: dict[str, list[float]], num: str, den: str, label: str, fmt: str) -> None:
+    """The closing line every benchmark prints: the median ratio and its per-round spread."""
+    med, lo, hi = ratio(times, num, den)
+    rounds = len(times[num])
+    print(f"{label}: {med:{fmt}}  (per-round {lo:{fmt}}..{hi:{fmt}}, {rounds} rounds)")

@@ -19,7 +19,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from accel import engine as E  # noqa: E402
-from bench.common import ratio, summary, time_rounds  # noqa: E402
+from bench.common import print_ratio, summary, time_rounds  # noqa: E402
 
 
 def main() -> None:
@@ -93,10 +93,8 @@ def main() -> None:
     times = time_rounds({"accel (Ignite)": ours, "bare PyTorch": bare}, args.rounds)
     for name, ts in times.items():
         print(f"{name:15s} {summary(ts)}")
-    med, lo, hi = ratio(times, "accel (Ignite)", "bare PyTorch")
-    print(
-        f"engine overhead ratio (accel / bare): {med:.3f}  (per-round {lo:.3f}..{hi:.3f}, "
-        f"{args.rounds} rounds)"
+    print_ratio(
+        times, "accel (Ignite)", "bare PyTorch", "engine overhead ratio (accel / bare)", ".3f"
     )
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import ratio, summary, time_rounds  # noqa: E402
+from bench.common import print_ratio, summary, time_rounds  # noqa: E402
 
 
 def main() -> None:
@@ -41,18 +41,22 @@ def main() -> None:
     cfg.tracking.uri = f"sqlite:///{store}/mlflow.db"
     cfg.tracking.experiment = "bench-tracking"
 
-    print(f"{path}: model {cfg.model.name}, data {cfg.data.dataset}, {cfg.train.epochs} epochs; "
-          f"store {cfg.tracking.uri}")
+    print(
+        f"{path}: model {cfg.model.name}, data {cfg.data.dataset}, {cfg.train.epochs} epochs; "
+        f"store {cfg.tracking.uri}"
+    )
     contenders = {"tracked": lambda: train(cfg), "untracked": lambda: train(cfg, track=False)}
     times = time_rounds(contenders, args.rounds)
     for name, ts in times.items():
         print(f"{name:10s} {summary(ts)}")
     seconds = sorted(a - b for a, b in zip(times["tracked"], times["untracked"], strict=True))
-    print(f"tracking cost per run: {seconds[len(seconds) // 2]:.2f} s (median of the paired "
-          f"differences; fixed per run, so its share falls as runs get longer)")
-    med, lo, hi = ratio(times, "tracked", "untracked")
-    print(f"tracking overhead ratio (tracked / untracked): {med:.3f}  "
-          f"(per-round {lo:.3f}..{hi:.3f}, {args.rounds} rounds)")
+    print(
+        f"tracking cost per run: {seconds[len(seconds) // 2]:.2f} s (median of the paired "
+        f"differences; fixed per run, so its share falls as runs get longer)"
+    )
+    print_ratio(
+        times, "tracked", "untracked", "tracking overhead ratio (tracked / untracked)", ".3f"
+    )
 
 
 if __name__ == "__main__":
