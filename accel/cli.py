@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
-from accel.config import DEFAULT_CONFIG, Config, ConfigError
+from accel.config import DEFAULT_CONFIG, Config
+from accel.errors import ConfigError, NonFiniteLoss
+from accel.uris import DEFAULT_STORAGE, DEFAULT_URI
 
 
 class Parser(argparse.ArgumentParser):
@@ -33,12 +34,6 @@ def load_config(items: list[str]) -> Config:
     return config.load(path, items)
 
 
-def _quiet_libraries() -> None:
-    for name in ("alembic", "mlflow", "optuna", "ignite"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # per-retry network noise
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from accel.train import describe, train
 
@@ -53,15 +48,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from accel import search
+    from accel import tune
 
-    return search.cli_tune(args, load_config(args.items))
+    return tune.cli_tune(args, load_config(args.items))
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    from accel import search
+    from accel import tune
 
-    return search.cli_best(args)
+    return tune.cli_best(args)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -90,74 +85,88 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
-def build_parser() -> Parser:
+def _config_args(p: Parser) -> None:
+    p.add_argument("items", nargs="*", metavar="[CONFIG] [KEY=VALUE]",
+                   help=f"experiment YAML (default {DEFAULT_CONFIG}) then dotted overrides, "
+                   "e.g. train.lr=3e-3 model.name=resnet18")
+
+
+def _tracking_arg(p: Parser) -> None:
+    p.add_argument("--tracking-uri", metavar="URI",
+                   help=f"MLflow store (default $MLFLOW_TRACKING_URI or {DEFAULT_URI})")
+
+
+def _storage_arg(p: Parser) -> None:
+    p.add_argument("--storage", metavar="URL",
+                   help=f"Optuna storage: a journal file path or an RDB URL "
+                   f"(default {DEFAULT_STORAGE})")
+
+
+def build_parser() -> tuple[Parser, dict[str, Parser]]:
+    """The `accel` parser and one parser per command (options may come anywhere: see parse)."""
     parser = Parser(prog="accel", description=__doc__.split(".")[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    commands: dict[str, Parser] = {}
 
-    def command(name: str, help: str, func) -> Parser:
+    def command(name: str, help: str, func, *common) -> Parser:
         p = sub.add_parser(name, help=help, description=help)
         p.set_defaults(func=func)
+        for add in common:
+            add(p)
+        commands[name] = p
         return p
 
-    def config_args(p: Parser) -> None:
-        p.add_argument("items", nargs="*", metavar="[CONFIG] [KEY=VALUE]",
-                       help=f"experiment YAML (default {DEFAULT_CONFIG}) then dotted overrides, "
-                       "e.g. train.lr=3e-3 model.name=resnet18")
-
-    def tracking_arg(p: Parser) -> None:
-        p.add_argument("--tracking-uri", metavar="URI",
-                       help="MLflow store (default $MLFLOW_TRACKING_URI or sqlite:///mlruns/mlflow.db)")
-
-    p = command("train", "train one model and log the run to MLflow", cmd_train)
-    config_args(p)
-    tracking_arg(p)
+    p = command("train", "train one model and log the run to MLflow", cmd_train,
+                _config_args, _tracking_arg)
     p.add_argument("--experiment", metavar="NAME", help="MLflow experiment (default: config name)")
 
-    def storage_arg(p: Parser) -> None:
-        p.add_argument("--storage", metavar="URL",
-                       help="Optuna storage: a journal file path or an RDB URL "
-                       "(default mlruns/optuna.journal)")
-
-    p = command("tune", "run an Optuna study; every trial is one tracked training run", cmd_tune)
-    config_args(p)
+    p = command("tune", "run an Optuna study; every trial is one tracked training run", cmd_tune,
+                _config_args, _storage_arg, _tracking_arg)
     p.add_argument("--study", metavar="NAME", help="study name (default: config name)")
     p.add_argument("--n-trials", type=int, metavar="N", help="trials for this invocation")
     p.add_argument("--timeout", type=float, metavar="S", help="stop starting trials after S s")
-    storage_arg(p)
     p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes")
-    tracking_arg(p)
 
     p = command("best", "print a study's best trial, its MLflow run and how to reproduce it",
-                cmd_best)
+                cmd_best, _storage_arg, _tracking_arg)
     p.add_argument("--study", required=True, metavar="NAME")
-    storage_arg(p)
-    tracking_arg(p)
 
     p = command("reproduce", "rerun a logged run from MLflow and compare the numbers",
-                cmd_reproduce)
+                cmd_reproduce, _tracking_arg)
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--seeds", type=int, default=1, metavar="K", help="logged seed + K-1 more")
     p.add_argument("--tolerance", type=float, default=0.005, metavar="T",
                    help="allowed absolute difference on the search metric")
-    tracking_arg(p)
 
     p = command("ablate", "time every on/off combination of GA, AMP and pinned memory",
-                cmd_ablate)
-    config_args(p)
+                cmd_ablate, _config_args, _tracking_arg)
     p.add_argument("--techniques", default="ga,amp,pm", metavar="LIST",
                    help="comma list from ga, amp, pm, channels_last, compile")
     p.add_argument("--repeats", type=int, default=1, metavar="R")
-    tracking_arg(p)
 
-    p = command("ui", "open the MLflow UI on the project's store (bound to 127.0.0.1)", cmd_ui)
+    p = command("ui", "open the MLflow UI on the project's store (bound to 127.0.0.1)", cmd_ui,
+                _tracking_arg)
     p.add_argument("--port", type=int, default=5000)
-    tracking_arg(p)
-    return parser
+    return parser, commands
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """Options before, between or after the config and the overrides: each command parses its
+    arguments intermixed (`accel tune --study x FILE k=v` == `accel tune FILE k=v --study x`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser, commands = build_parser()
+    if argv and argv[0] in commands:
+        args = commands[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return args
+    return parser.parse_args(argv)  # --help, no command or an unknown one: argparse says so
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _quiet_libraries()
+    from accel.console import quiet_libraries
+
+    args = parse(argv)
+    quiet_libraries()
     try:
         return args.func(args) or 0
     except ConfigError as e:
@@ -166,9 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("accel: interrupted; the run was marked KILLED", file=sys.stderr)
         return 130
-    except RuntimeError as e:
-        if type(e).__name__ != "NonFiniteLoss":
-            raise
+    except NonFiniteLoss as e:
         print(f"accel: error: {e}", file=sys.stderr)
         return 1
 

@@ -140,7 +140,7 @@ class UpdateStep:
         self.updates = 0
         self.stats = EpochStats()
 
-    def window(self, iteration: int, epoch_length: int) -> tuple[int, bool]:
+    def window_of(self, iteration: int, epoch_length: int) -> tuple[int, bool]:
         """(size of the window this micro-batch belongs to, whether it is the window's last)."""
         i = (iteration - 1) % epoch_length  # 0-based position in the epoch
         start = i - i % self.accumulation_steps
@@ -150,11 +150,12 @@ class UpdateStep:
     def __call__(self, engine: Engine, batch) -> dict[str, torch.Tensor]:
         self.model.train()
         x, y = move_batch(batch, self.device, self.non_blocking, self.channels_last)
-        window, last = self.window(engine.state.iteration, engine.state.epoch_length)
+        window_size, closes_window = self.window_of(engine.state.iteration,
+                                                    engine.state.epoch_length)
 
         with autocast(self.device, self.amp_dtype):
             loss = self.loss_fn(self.model(x), y)
-        scaled = loss / window  # the window's gradient is the mean over its micro-batches
+        scaled = loss / window_size  # the window's gradient is the mean over its micro-batches
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
         scaled.backward()
@@ -164,7 +165,7 @@ class UpdateStep:
         self.stats.micro_batches += 1
         self.stats.samples += len(y)
         out = {"loss": loss}
-        if last:
+        if closes_window:
             out.update(self.update())
         return out
 

@@ -8,29 +8,26 @@ schema. Each rerun is a new run in the same experiment, tagged `accel.reproduces
 
 from __future__ import annotations
 
-import ast
 import json
 import statistics
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 from accel import config
 from accel.config import Config, ConfigError
+from accel.console import fmt, note, warn
+from accel.tracking.environment import environment_diff
+from accel.tracking.store import (
+    fetch_run,
+    local_artifact_dir,
+    open_store,
+    read_artifact,
+    rerun_experiment,
+)
 
-# Params that train() logs beside the config keys: derived values, not settings to rebuild.
-DERIVED_PARAMS = ("effective_batch_size",)
-DERIVED_PREFIXES = ("resolved.",)
-SPACE_KEY = "search.space"
-# Environment entries that differ on purpose between the original and a rerun.
-ENV_IGNORED = ("seed",)
 TABLE_METRICS = ("val_accuracy", "val_f1", "val_loss", "test_accuracy")
 TIME_METRIC = "epoch_time_s"
 EXIT_NOT_REPRODUCED = 3
-SIBLING_SUFFIX = "-reproduced"
 
 
 @dataclass
@@ -49,207 +46,7 @@ class Original:
     notes: list[str] = field(default_factory=list)  # warnings to print before training
 
 
-def warn(message: str) -> None:
-    print(f"accel: warning: {message}", file=sys.stderr)
-
-
-def note(message: str) -> None:
-    print(f"accel: {message}", file=sys.stderr)
-
-
-# --- the store and the run ------------------------------------------------------------------
-
-
-def open_store(uri: str | None):
-    """A Tracker on an existing store; a missing or unreachable store is a ConfigError."""
-    from accel.tracking import Tracker, redact, resolve_uri
-
-    uri = resolve_uri(uri)
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///") :])
-        # MLflow would silently create an empty database here; say the store is missing instead.
-        if not db.is_file():
-            raise ConfigError(
-                f"no MLflow store at {db} (from --tracking-uri {redact(uri)}); "
-                "give the sqlite:///path/to/mlflow.db that holds the run"
-            )
-    elif uri.startswith(("http://", "https://")):
-        _probe_server(uri)
-    return Tracker(uri)
-
-
-def _probe_server(uri: str, timeout_s: float = 10.0) -> None:
-    """Fail fast: MLflow's own client retries a dead server for minutes before giving up."""
-    import urllib.error
-    import urllib.request
-
-    from accel.tracking import redact
-
-    try:
-        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
-    except urllib.error.HTTPError:
-        pass  # the server answered, even if not with 200: it is reachable
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise ConfigError(f"cannot reach the MLflow server at {redact(uri)}: {reason}") from None
-
-
-def fetch_run(tracker, run_id: str):
-    from mlflow.exceptions import MlflowException
-
-    from accel.tracking import redact
-
-    try:
-        return tracker.client.get_run(run_id)
-    except MlflowException as e:
-        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            raise ConfigError(
-                f"no run '{run_id}' in the MLflow store {redact(tracker.uri)}; "
-                "copy the run id from `accel best` or the MLflow UI"
-            ) from None
-        raise ConfigError(
-            f"cannot read run '{run_id}' from {redact(tracker.uri)}: {_first_line(e)}"
-        ) from None
-    except Exception as e:  # a database that refuses the connection, a bad URL, ...
-        raise ConfigError(
-            f"cannot read the MLflow store {redact(tracker.uri)}: {_first_line(e)}"
-        ) from None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _local_path(uri: str) -> Path | None:
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return Path(url2pathname(parsed.path))
-    if parsed.scheme == "":
-        return Path(uri)
-    return None
-
-
-def local_artifact_dir(tracker, run, experiment) -> tuple[Path | None, str | None]:
-    """The run's artifact folder on this disk, if its artifacts are local files.
-
-    Returns (folder or None, a note). The logged location is an absolute path; where a copied
-    store no longer finds it, the same layout under this store's own artifact root is tried
-    (`sqlite:///X/mlflow.db` keeps artifacts in `X/artifacts/<experiment>/<run>/artifacts`).
-    """
-    logged = _local_path(run.info.artifact_uri)
-    if logged is None:
-        return None, None  # a server or object store: artifacts are downloaded instead
-    if logged.is_dir():
-        return logged, None
-    root = _local_path(experiment.artifact_location)
-    if tracker.artifact_root and root is not None:
-        try:
-            relative = logged.relative_to(root.parent)
-        except ValueError:
-            relative = None
-        if relative is not None:
-            moved = _local_path(tracker.artifact_root) / relative
-            if moved.is_dir():
-                return moved, (
-                    f"artifacts not at the logged {logged}; using the copy beside "
-                    f"this store, {moved}"
-                )
-    return None, f"the run's artifacts are not on this machine (logged at {logged})"
-
-
-def rerun_experiment(experiment) -> tuple[str, str | None]:
-    """Where reruns are logged, and a note when that is not the original's experiment.
-
-    MLflow fixes a run's artifact folder from its experiment's absolute location. In a store
-    copied from another machine that folder does not exist here (and may not be creatable), so
-    reruns would write outside the store or fail; they go to a sibling experiment of this store.
-    """
-    location = _local_path(experiment.artifact_location)
-    if location is None or location.is_dir():
-        return experiment.name, None
-    sibling = experiment.name + SIBLING_SUFFIX
-    return sibling, (
-        f"experiment {experiment.name!r} keeps artifacts in {location}, which is "
-        f"not on this machine; reruns are logged to experiment {sibling!r}"
-    )
-
-
-def read_artifact(tracker, run, local_dir: Path | None, name: str) -> str | None:
-    """The text of artifact `name`, or None where it does not exist or cannot be fetched."""
-    if _local_path(run.info.artifact_uri) is not None:
-        path = local_dir / name if local_dir else None
-        return path.read_text() if path and path.is_file() else None
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="accel-") as tmp:
-        try:
-            return Path(tracker.client.download_artifacts(run.info.run_id, name, tmp)).read_text()
-        except Exception:  # missing artifact, or the artifact store is unreachable
-            return None
-
-
-# --- rebuilding the config ------------------------------------------------------------------
-
-
-def _literal(text: str) -> Any:
-    """Invert `str(value)` as tracking logs it: None is "null", lists and bools are reprs."""
-    if text == "null":
-        return None
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def _space_from_params(items: dict[str, str]) -> dict[str, Any]:
-    """Undo the flattening of `search.space` (`search.space.train.lr.low` -> {"train.lr": ...}).
-
-    Space entries are named by dotted config keys, so the longest config key that prefixes a
-    param names the entry and the rest is the path inside it.
-    """
-    keys = sorted(config.all_keys(), key=len, reverse=True)
-    space: dict[str, Any] = {}
-    for flat, text in items.items():
-        rest = flat[len(SPACE_KEY) + 1 :]
-        name = next((k for k in keys if rest == k or rest.startswith(k + ".")), None)
-        path = [name, *rest[len(name) + 1 :].split(".")] if name else rest.split(".")
-        path = [p for p in path if p]
-        node = space
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = _literal(text)
-    return space
-
-
-def config_from_params(params: dict[str, str]) -> tuple[Config, list[str]]:
-    """Rebuild the config from logged params (all strings); returns it and what did not fit."""
-    cfg, notes = Config(), []
-    settings = {
-        k: v
-        for k, v in params.items()
-        if k not in DERIVED_PARAMS and not k.startswith(DERIVED_PREFIXES)
-    }
-    space = {k: v for k, v in settings.items() if k.startswith(SPACE_KEY + ".")}
-    unknown = []
-    for key, value in settings.items():
-        if key in space:
-            continue
-        try:
-            config.set_key(cfg, key, value)
-        except ConfigError as e:
-            if not str(e).startswith("unknown config key"):
-                raise ConfigError(f"logged param {key}={value!r} does not fit: {e}") from None
-            unknown.append(key)
-    if space:
-        config.set_key(cfg, SPACE_KEY, _space_from_params(space))
-    missing = [k for k in config.all_keys() if k not in settings and not (k == SPACE_KEY and space)]
-    if unknown:
-        notes.append(f"logged params unknown to this config schema, ignored: {', '.join(unknown)}")
-    if missing:
-        notes.append(f"config keys the run did not log, defaults used: {', '.join(missing)}")
-    config.validate(cfg)
-    return cfg, notes
+# --- what MLflow holds about the run -------------------------------------------------------
 
 
 def load_original(tracker, run_id: str) -> Original:
@@ -269,7 +66,7 @@ def load_original(tracker, run_id: str) -> Original:
             raise ConfigError(f"config.yaml of run {run_id}: {e}") from None
         source = "config.yaml"
     else:
-        cfg, params_notes = config_from_params(run.data.params)
+        cfg, params_notes = config.from_params(run.data.params)
         notes += [
             f"run {run_id} has no readable config.yaml; config rebuilt from its logged params",
             *params_notes,
@@ -307,32 +104,8 @@ def _median_epoch_time(tracker, run_id: str) -> float | None:
 # --- the environment ------------------------------------------------------------------------
 
 
-def environment_diff(logged: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """One line per entry that differs, package versions one by one."""
-    lines = []
-    for key in sorted(set(logged) | set(current)):
-        if key in ENV_IGNORED:
-            continue
-        old, new = logged.get(key), current.get(key)
-        if isinstance(old, dict) or isinstance(new, dict):
-            old, new = old or {}, new or {}
-            lines += [
-                f"environment differs: package {name}: {old.get(name)} in the run, "
-                f"{new.get(name)} here"
-                for name in sorted(set(old) | set(new))
-                if old.get(name) != new.get(name)
-            ]
-        elif old != new:
-            lines.append(f"environment differs: {key}: {old} in the run, {new} here")
-    if logged.get("git_dirty"):
-        lines.append(
-            "the run's checkout had uncommitted changes (git_dirty): the code it ran "
-            "is in no commit"
-        )
-    return lines
-
-
 def check_environment(original: Original) -> list[str]:
+    """Every difference between where the run ran and this machine, one line each."""
     from accel.engine import resolve_device
     from accel.tracking import environment
 
@@ -361,7 +134,7 @@ def point_at(cfg: Config, uri: str, experiment: str) -> None:
     Keys are changed only where they would resolve elsewhere, so that a rerun in the original
     store logs exactly the original params.
     """
-    from accel.tracking import resolve_uri
+    from accel.uris import resolve_uri
 
     if resolve_uri(cfg.tracking.uri) != uri:
         cfg.tracking.uri = uri
@@ -395,14 +168,6 @@ def rerun(original: Original, tracker, seeds: list[int]) -> list[Rerun]:
     return out
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
-
-
-def _fmt_diff(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.4f}"
-
-
 def table(original: Original, reruns: list[Rerun], metric: str) -> str:
     """Original vs the logged-seed rerun, and mean / std / range over all seeds."""
     names = [m for m in TABLE_METRICS if m in original.metrics or m == metric]
@@ -423,14 +188,10 @@ def table(original: Original, reruns: list[Rerun], metric: str) -> str:
         if any(v is None for v in values):
             continue
         diff = values[0] - orig if orig is not None else None
-        row = [label, _fmt(orig), _fmt(values[0]), _fmt_diff(diff)]
+        row = [label, fmt(orig), fmt(values[0]), fmt(diff, sign=True)]
         if k > 1:  # spread over seeds: sample std and range
-            row += [
-                _fmt(statistics.fmean(values)),
-                _fmt(statistics.stdev(values)),
-                _fmt(min(values)),
-                _fmt(max(values)),
-            ]
+            row += [fmt(statistics.fmean(values)), fmt(statistics.stdev(values)),
+                    fmt(min(values)), fmt(max(values))]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [

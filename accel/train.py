@@ -1,8 +1,11 @@
-"""`train(cfg) -> Result`: the one entry the CLI, Optuna, reproduce, ablation and tests call."""
+"""`train(cfg) -> Result`: the one entry the CLI, Optuna, reproduce, ablation and tests call.
+
+`train` reads as the recipe: build what the run needs, open its MLflow run, attach the per-epoch
+handlers, run the epochs, finish (test split, artifacts, status). Each step is a function below.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import resource
@@ -14,7 +17,11 @@ from typing import Any
 
 import torch
 
+from accel import engine, models
 from accel.config import Config
+from accel.errors import NonFiniteLoss
+
+__all__ = ["NonFiniteLoss", "Result", "describe", "train"]
 
 METRIC_NAMES = (
     "train_loss",
@@ -28,10 +35,6 @@ METRIC_NAMES = (
 )
 
 
-class NonFiniteLoss(RuntimeError):
-    """The loss became NaN or inf; the run ends FAILED."""
-
-
 @dataclass
 class Result:
     run_id: str | None
@@ -39,6 +42,117 @@ class Result:
     history: list[dict[str, float]] = field(default_factory=list)  # one dict per epoch
     epochs: int = 0  # epochs completed
     wall_time_s: float = 0.0
+
+
+@dataclass
+class Parts:
+    """Everything one run is made of, built before anything is logged."""
+
+    cfg: Config
+    device: torch.device
+    data: Any  # accel.data.Data
+    bare: torch.nn.Module  # the uncompiled module: its state_dict keys load anywhere
+    step: engine.UpdateStep
+    trainer: Any  # ignite Engine around `step`
+    evaluator: Any  # ignite Engine: accuracy, F1, loss, confusion matrix
+    amp_dtype: torch.dtype | None
+    epoch_length: int  # micro-batches per epoch
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class RunLog:
+    """The run's MLflow side; without a tracker (`track=False`) every call does nothing."""
+
+    def __init__(self, tracker=None, run_id: str | None = None):
+        self.tracker, self.run_id = tracker, run_id
+
+    def metrics(self, values: dict[str, float], step: int) -> None:
+        if self.tracker:
+            self.tracker.log_metrics(self.run_id, values, step=step)
+
+    def end(self, status: str) -> None:
+        if self.tracker:
+            self.tracker.end_run(self.run_id, status)
+
+
+def train(
+    cfg: Config,
+    *,
+    trial: Any = None,
+    run_name: str | None = None,
+    tags: dict[str, str] | None = None,
+    parent_run_id: str | None = None,
+    track: bool = True,
+) -> Result:
+    """Train `cfg` once, logging to MLflow; `trial` (Optuna) only adds per-epoch pruning."""
+    from accel.tracking import scratch_dir
+
+    started = time.perf_counter()
+    parts = build(cfg)
+    run = open_run(parts, run_name, tags, parent_run_id) if track else RunLog()
+    stopped = _stop_errors(trial)  # a pruned trial or Ctrl-C: the run ends KILLED
+    status = "FAILED"
+    with scratch_dir() as checkpoint_dir:
+        attach_epoch_handlers(parts, run, Path(checkpoint_dir), trial)
+        try:
+            final = run_epochs(parts)
+            log_results(parts, run, final, Path(checkpoint_dir))
+            status = "FINISHED"
+        except stopped:
+            status = "KILLED"
+            raise
+        finally:
+            run.end(status)
+    return Result(run.run_id, final, parts.history, len(parts.history),
+                  time.perf_counter() - started)
+
+
+def _stop_errors(trial: Any) -> tuple[type[BaseException], ...]:
+    if trial is None:
+        return (KeyboardInterrupt,)
+    import optuna
+
+    return (KeyboardInterrupt, optuna.TrialPruned)
+
+
+# --- build ------------------------------------------------------------------------------------
+
+
+def build(cfg: Config) -> Parts:
+    """Data, model, update step, trainer and evaluator for `cfg` (nothing logged yet)."""
+    from accel.data import build_data
+
+    t = cfg.train
+    models.check_model_name(cfg.model.name)  # a bad name fails before any data is read
+    device = engine.resolve_device(t.device)
+    seed_everything(t.seed, t.deterministic)
+    data = build_data(cfg, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # this run's peak, not the process's
+    bare = models.build_model(cfg, data.num_classes, data.in_chans, data.img_size)
+    model = models.prepare_model(bare, cfg, device)
+
+    amp_dtype = engine.resolve_amp(t.amp, device)
+    epoch_length = t.epoch_length or len(data.train)
+    optimizer = engine.build_optimizer(model, t)
+    non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
+    step = engine.UpdateStep(
+        model,
+        optimizer,
+        torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing),
+        device,
+        accumulation_steps=t.accumulation_steps,
+        amp_dtype=amp_dtype,
+        scaler=engine.build_scaler(amp_dtype, device),
+        clip_grad_norm=t.clip_grad_norm,
+        scheduler=engine.build_scheduler(optimizer, t, epoch_length),
+        channels_last=t.channels_last,
+        non_blocking=non_blocking,
+    )
+    evaluator = engine.create_evaluator(model, data.num_classes, device, amp_dtype=amp_dtype,
+                                        channels_last=t.channels_last, non_blocking=non_blocking)
+    return Parts(cfg, device, data, bare, step, engine.create_trainer(step), evaluator,
+                 amp_dtype, epoch_length)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -57,6 +171,110 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = True  # pick the fastest conv kernels for fixed shapes
 
 
+# --- open the run -----------------------------------------------------------------------------
+
+
+def open_run(parts: Parts, run_name: str | None, tags: dict[str, str] | None,
+             parent_run_id: str | None) -> RunLog:
+    """The MLflow run: the whole config and what it resolved to here, and the environment."""
+    from accel.tracking import Tracker, environment
+
+    cfg = parts.cfg
+    tracker = Tracker(cfg.tracking.uri)
+    run_id = tracker.start_run(
+        cfg.tracking.experiment or cfg.name,
+        run_name or f"train-{cfg.model.name}",
+        tags={"accel.role": "train", **(tags or {})},
+        parent_run_id=parent_run_id,
+    )
+    amp = str(parts.amp_dtype).replace("torch.", "") if parts.amp_dtype else "off"
+    tracker.log_config(run_id, cfg, {
+        "effective_batch_size": cfg.train.effective_batch_size,
+        "resolved.device": str(parts.device),
+        "resolved.amp": amp,
+        "resolved.num_classes": parts.data.num_classes,
+        "resolved.train_size": len(parts.data.train.dataset),
+    })
+    tracker.log_json(run_id, environment(str(parts.device), cfg.train.seed), "environment.json")
+    return RunLog(tracker, run_id)
+
+
+# --- the per-epoch handlers -------------------------------------------------------------------
+
+
+def attach_epoch_handlers(parts: Parts, run: RunLog, checkpoint_dir: Path, trial: Any) -> None:
+    """Per epoch: time the training (evaluation excluded), evaluate, log one point per metric,
+    keep the best epoch's weights, and let Optuna prune."""
+    from ignite.engine import Events
+    from ignite.handlers import Checkpoint, DiskSaver
+
+    trainer, cfg = parts.trainer, parts.cfg
+    metric = cfg.search.metric
+    sign = 1.0 if cfg.search.direction == "maximize" else -1.0
+    checkpoint = Checkpoint(
+        {"model": parts.bare},
+        DiskSaver(str(checkpoint_dir), require_empty=False),
+        filename_prefix="best",
+        filename_pattern="{filename_prefix}.{ext}",
+        score_function=lambda _: sign * parts.history[-1][metric],
+        n_saved=1,
+    )
+    pruning = None
+    if trial is not None:
+        from optuna_integration import PyTorchIgnitePruningHandler
+
+        pruning = PyTorchIgnitePruningHandler(trial, metric.removeprefix("val_"), trainer)
+    verbose = sys.stderr.isatty()
+    if verbose:
+        from ignite.handlers import ProgressBar
+
+        ProgressBar(persist=False).attach(trainer,
+                                          output_transform=lambda out: {"loss": out["loss"]})
+    clock = {"t0": 0.0}
+
+    @trainer.on(Events.EPOCH_STARTED)
+    def _start_clock(_) -> None:
+        synchronize(parts.device)
+        clock["t0"] = time.perf_counter()
+
+    @trainer.on(Events.EPOCH_COMPLETED)
+    def _end_epoch(_) -> None:
+        if trainer.should_terminate:
+            return
+        row = epoch_row(parts, clock["t0"])
+        parts.history.append(row)
+        run.metrics(row, step=trainer.state.epoch)
+        if verbose:
+            print(f"epoch {trainer.state.epoch}/{cfg.train.epochs} "
+                  + " ".join(f"{k}={v:.4g}" for k, v in row.items()), file=sys.stderr)
+        checkpoint(parts.evaluator)
+        if pruning is not None:
+            pruning(parts.evaluator)  # reports this epoch's metric; raises optuna.TrialPruned
+
+
+def epoch_row(parts: Parts, t0: float) -> dict[str, float]:
+    """The epoch's metrics: training loss and speed since `t0`, then validation."""
+    step = parts.step
+    stats = step.stats.summary()  # reads device tensors: a sync point
+    synchronize(parts.device)
+    seconds = time.perf_counter() - t0
+    val = parts.evaluator.run(parts.data.val).metrics
+    row = {
+        "train_loss": stats["train_loss"],
+        "val_loss": val["loss"],
+        "val_accuracy": val["accuracy"],
+        "val_f1": float(val["f1"]),
+        "epoch_time_s": seconds,
+        "train_throughput": step.stats.samples / seconds,
+        "lr": step.optimizer.param_groups[0]["lr"],
+        "peak_memory_mb": peak_memory_mb(parts.device),
+        "grad_norm": stats["grad_norm"],
+    }
+    if step.scaler is not None:
+        row["skipped_updates"] = stats["skipped_updates"]
+    return row
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -69,196 +287,39 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train(
-    cfg: Config,
-    *,
-    trial: Any = None,
-    run_name: str | None = None,
-    tags: dict[str, str] | None = None,
-    parent_run_id: str | None = None,
-    track: bool = True,
-) -> Result:
-    """Train `cfg` once, logging to MLflow; `trial` (Optuna) only adds per-epoch pruning."""
-    from ignite.engine import Events
-    from ignite.handlers import Checkpoint, DiskSaver
+# --- run and finish ---------------------------------------------------------------------------
 
-    from accel import engine as E
-    from accel.data import build_data
-    from accel.models import build_model, check_model_name, prepare_model
-    from accel.tracking import Tracker, environment, scratch_dir, write_json
 
-    t, started = cfg.train, time.perf_counter()
-    check_model_name(cfg.model.name)  # a bad name fails before any data is read
-    device = E.resolve_device(t.device)
-    seed_everything(t.seed, t.deterministic)
-    data = build_data(cfg, device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)  # this run's peak, not the process's
-    bare = build_model(cfg, data.num_classes, data.in_chans, data.img_size)
-    model = prepare_model(bare, cfg, device)
-
-    amp_dtype = E.resolve_amp(t.amp, device)
-    epoch_length = t.epoch_length or len(data.train)
-    optimizer = E.build_optimizer(model, t)
-    non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
-    step = E.UpdateStep(
-        model,
-        optimizer,
-        torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing),
-        device,
-        accumulation_steps=t.accumulation_steps,
-        amp_dtype=amp_dtype,
-        scaler=E.build_scaler(amp_dtype, device),
-        clip_grad_norm=t.clip_grad_norm,
-        scheduler=E.build_scheduler(optimizer, t, epoch_length),
-        channels_last=t.channels_last,
-        non_blocking=non_blocking,
-    )
-    trainer = E.create_trainer(step)
-    evaluator = E.create_evaluator(
-        model,
-        data.num_classes,
-        device,
-        amp_dtype=amp_dtype,
-        channels_last=t.channels_last,
-        non_blocking=non_blocking,
-    )
-
-    tracker = Tracker(cfg.tracking.uri) if track else None
-    run_id = None
-    if tracker:
-        run_id = tracker.start_run(
-            cfg.tracking.experiment or cfg.name,
-            run_name or f"train-{cfg.model.name}",
-            tags={"accel.role": "train", **(tags or {})},
-            parent_run_id=parent_run_id,
+def run_epochs(parts: Parts) -> dict[str, float]:
+    """Train all epochs; the last epoch's metrics, plus test_* where a test split exists."""
+    t, trainer = parts.cfg.train, parts.trainer
+    trainer.run(parts.data.train, max_epochs=t.epochs, epoch_length=parts.epoch_length)
+    last_loss = trainer.state.output["loss"] if trainer.state.output else torch.tensor(0.0)
+    if not torch.isfinite(last_loss).all():
+        raise NonFiniteLoss(
+            f"loss became {float(last_loss)} at epoch {trainer.state.epoch} "
+            f"(train.lr={t.lr}); the run is marked FAILED"
         )
-        # The logged config is the run's recipe; where it was stored is not part of it (and a
-        # store URL may hold a password), so tracking.uri is logged as null.
-        logged = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, uri=None))
-        tracker.log_params(
-            run_id,
-            {
-                **logged.flat(),
-                "effective_batch_size": t.effective_batch_size,
-                "resolved.device": str(device),
-                "resolved.amp": str(amp_dtype).replace("torch.", "") if amp_dtype else "off",
-                "resolved.num_classes": data.num_classes,
-                "resolved.train_size": len(data.train.dataset),
-            },
-        )
-        tracker.log_text(run_id, logged.to_yaml(), "config.yaml")
-        with scratch_dir() as tmp:
-            env = environment(str(device), t.seed)
-            tracker.log_artifact(run_id, write_json(env, tmp, "environment.json"))
+    final = dict(parts.history[-1])
+    if parts.data.test is not None:
+        test = parts.evaluator.run(parts.data.test).metrics
+        final.update(test_loss=test["loss"], test_accuracy=test["accuracy"],
+                     test_f1=float(test["f1"]))
+    return final
 
-    history: list[dict[str, float]] = []
-    metric = cfg.search.metric
-    sign = 1.0 if cfg.search.direction == "maximize" else -1.0
-    tmp_ckpt = scratch_dir()
-    checkpoint = Checkpoint(
-        {"model": bare},  # the uncompiled module: its state_dict keys load anywhere
-        DiskSaver(tmp_ckpt.name, require_empty=False),
-        filename_prefix="best",
-        filename_pattern="{filename_prefix}.{ext}",
-        score_function=lambda _: sign * history[-1][metric],
-        n_saved=1,
-    )
-    pruning = None
-    if trial is not None:
-        from optuna_integration import PyTorchIgnitePruningHandler
 
-        pruning = PyTorchIgnitePruningHandler(trial, metric.removeprefix("val_"), trainer)
-
-    clock = {"t0": 0.0}
-    progress = sys.stderr.isatty()
-    if progress:
-        from ignite.handlers import ProgressBar
-
-        ProgressBar(persist=False).attach(
-            trainer, output_transform=lambda out: {"loss": out["loss"]}
-        )
-
-    @trainer.on(Events.EPOCH_STARTED)
-    def _start_clock(engine) -> None:
-        synchronize(device)
-        clock["t0"] = time.perf_counter()
-
-    @trainer.on(Events.EPOCH_COMPLETED)
-    def _end_epoch(engine) -> None:
-        if engine.should_terminate:
-            return
-        stats = step.stats.summary()  # reads device tensors: a sync point
-        synchronize(device)
-        seconds = time.perf_counter() - clock["t0"]
-        val = evaluator.run(data.val).metrics
-        row = {
-            "train_loss": stats["train_loss"],
-            "val_loss": val["loss"],
-            "val_accuracy": val["accuracy"],
-            "val_f1": float(val["f1"]),
-            "epoch_time_s": seconds,
-            "train_throughput": step.stats.samples / seconds,
-            "lr": optimizer.param_groups[0]["lr"],
-            "peak_memory_mb": peak_memory_mb(device),
-            "grad_norm": stats["grad_norm"],
-        }
-        if step.scaler is not None:
-            row["skipped_updates"] = stats["skipped_updates"]
-        history.append(row)
-        if tracker:
-            tracker.log_metrics(run_id, row, step=engine.state.epoch)
-        if progress:
-            print(
-                f"epoch {engine.state.epoch}/{t.epochs} "
-                + " ".join(f"{k}={v:.4g}" for k, v in row.items()),
-                file=sys.stderr,
-            )
-        checkpoint(evaluator)
-        if pruning is not None:
-            pruning(evaluator)  # reports this epoch's metric; raises optuna.TrialPruned
-
-    status = "FAILED"
-    try:
-        trainer.run(data.train, max_epochs=t.epochs, epoch_length=epoch_length)
-        last_loss = trainer.state.output["loss"] if trainer.state.output else torch.tensor(0.0)
-        if not torch.isfinite(last_loss).all():
-            raise NonFiniteLoss(
-                f"loss became {float(last_loss)} at epoch {trainer.state.epoch} "
-                f"(train.lr={t.lr}); the run is marked FAILED"
-            )
-        final = dict(history[-1])
-        if data.test is not None:
-            test = evaluator.run(data.test).metrics
-            final.update(
-                test_loss=test["loss"], test_accuracy=test["accuracy"], test_f1=float(test["f1"])
-            )
-        if tracker:
-            if data.test is not None:
-                tracker.log_metrics(
-                    run_id,
-                    {k: v for k, v in final.items() if k.startswith("test_")},
-                    step=trainer.state.epoch,
-                )
-            _log_confusion_matrix(
-                tracker, run_id, evaluator.state.metrics["confusion_matrix"], data.classes
-            )
-            best = Path(tmp_ckpt.name) / "best.pt"
-            if cfg.tracking.log_checkpoint and best.exists():
-                tracker.log_artifact(run_id, best, "checkpoint")
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    except Exception as e:
-        if type(e).__name__ == "TrialPruned":
-            status = "KILLED"
-        raise
-    finally:
-        tmp_ckpt.cleanup()
-        if tracker:
-            tracker.end_run(run_id, status)
-    return Result(run_id, final, history, len(history), time.perf_counter() - started)
+def log_results(parts: Parts, run: RunLog, final: dict[str, float], checkpoint_dir: Path) -> None:
+    """test_* metrics, the confusion matrix of the last evaluation, the best checkpoint."""
+    if run.tracker is None:
+        return
+    tests = {k: v for k, v in final.items() if k.startswith("test_")}
+    if tests:
+        run.metrics(tests, step=parts.trainer.state.epoch)
+    matrix = parts.evaluator.state.metrics["confusion_matrix"]
+    _log_confusion_matrix(run.tracker, run.run_id, matrix, parts.data.classes)
+    best = checkpoint_dir / "best.pt"
+    if parts.cfg.tracking.log_checkpoint and best.exists():
+        run.tracker.log_artifact(run.run_id, best, "checkpoint")
 
 
 def _log_confusion_matrix(tracker, run_id: str, matrix: torch.Tensor, classes: list[str]) -> None:

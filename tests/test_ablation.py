@@ -17,8 +17,8 @@ import torch
 
 from accel import ablation as A
 from accel import config
-from accel.config import ConfigError
-from accel.train import NonFiniteLoss, train
+from accel.errors import ConfigError, NonFiniteLoss
+from accel.train import train
 from tests.conftest import ROOT, SHARED_DATA, TINY_OVERRIDES, run_cli
 
 PAPER = sorted((ROOT / "experiments" / "paper").glob("*.yaml"))
@@ -301,35 +301,65 @@ def test_cli_ablation_logs_a_parent_with_one_child_per_combination(store, tmp_pa
     assert len(parents) == 1
     parent = parents[0]
     assert parent.info.status == "FINISHED"
+    assert parent.data.params["tracking.uri"] == "null"  # logged by log_config, store not kept
+    assert parent.data.params["ablation.techniques"] == "ga,amp,pm"
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     names = {c.info.run_name for c in children}
     assert names == {c.name for c in A.combinations(("ga", "amp", "pm"))}
 
     for child in children:
+        name = child.info.run_name
         grandchildren = [r for r in runs
                          if r.data.tags.get("mlflow.parentRunId") == child.info.run_id]
         status = child.data.tags["accel.ablation.status"]
-        if "pm" in child.info.run_name:  # n/a on cpu: reported, not run
+        if "pm" in name:  # n/a on cpu: reported, not run
             assert status == "n/a" and grandchildren == []
             assert "n/a on cpu" in child.data.tags["mlflow.note.content"]
             continue
+        # Every other combination must really run on CPU, GA and bf16 AMP included.
+        assert status == "ok", (name, child.data.tags.get("mlflow.note.content"))
         assert len(grandchildren) == 1  # one repeat
         ran = grandchildren[0]
         assert ran.data.tags["accel.role"] == "train"
-        assert (ran.info.status == "FINISHED") == (status == "ok")
-        assert (child.info.status == "FINISHED") == (status == "ok")
-        if status == "ok":
-            assert child.data.metrics["steady_epoch_s"] > 0
-            assert ran.data.params["train.batch_size"] == (
-                "4" if "ga" in child.info.run_name else "16")
+        assert (ran.info.status, child.info.status) == ("FINISHED", "FINISHED"), name
+        assert child.data.metrics["steady_epoch_s"] > 0, name
+        assert ran.data.params["train.batch_size"] == ("4" if "ga" in name else "16")
+        assert ran.data.params["train.amp"] == ("bf16" if "amp" in name else "off")
 
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"ablation.md", "ablation.csv", "ablation_runs.csv", "speedup.png",
             "config.yaml", "environment.json"} <= artifacts
     table = Path(client.download_artifacts(parent.info.run_id, "ablation.csv", str(tmp_path)))
-    rows = list(csv.DictReader(table.open()))
-    assert len(rows) == 8 and rows[0]["combination"] == "baseline"
-    assert float(rows[0]["speedup_median"]) == 1.0
+    rows = {row["combination"]: row for row in csv.DictReader(table.open())}
+    assert len(rows) == 8 and next(iter(rows)) == "baseline"
+    assert float(rows["baseline"]["speedup_median"]) == 1.0
+    for name in ("baseline", "ga", "amp", "ga+amp"):
+        assert rows[name]["status"] == "ok", name
+        assert math.isfinite(float(rows[name]["speedup_median"])), name
+        assert float(rows[name]["speedup_median"]) > 0, name
+
+
+def test_the_parent_run_never_logs_the_store_url_or_its_password(store):
+    """A store URL may hold a password: the ablation's parent logs its config through
+    `log_config`, which keeps `tracking.uri` out of the params and config.yaml."""
+    from mlflow.tracking import MlflowClient
+
+    from accel.tracking import Tracker
+
+    secret = "postgresql://accel:s3cr3t@db.invalid:5432/mlflow"
+    cfg = tiny("train.epoch_length=1", f"tracking.uri={secret}")
+    result = A.run_ablation(cfg, ("pm",), 1, tracker=Tracker(store))  # cpu: baseline only
+    assert [r.ok for r in result.records] == [True]
+
+    client = MlflowClient(store)
+    parent = client.get_run(result.parent_run_id)
+    assert parent.data.params["tracking.uri"] == "null"
+    config_yaml = client.download_artifacts(result.parent_run_id, "config.yaml")
+    text = Path(config_yaml).read_text()
+    assert "uri: null" in text and "s3cr3t" not in text
+    exp = client.get_experiment(parent.info.experiment_id)
+    for run in client.search_runs([exp.experiment_id]):
+        assert "s3cr3t" not in repr(run.data.params), run.info.run_name
 
 
 def test_cli_rejects_an_unknown_technique_with_exit_2(store):
@@ -350,7 +380,7 @@ def test_the_paper_grid_is_complete():
 
 @pytest.mark.parametrize("path", PAPER, ids=lambda p: p.stem)
 def test_paper_file_header_and_search_space(path: Path):
-    from accel.search import check_search
+    from accel.tune import check_search
 
     header = "".join(line for line in path.read_text().splitlines(True) if line.startswith("#"))
     assert f"accel tune experiments/paper/{path.name}" in header
@@ -437,5 +467,12 @@ def test_real_cifar10_ablation_learns_and_tabulates(cifar10_root):
     rows = {r.combo.name: r for r in result.rows}
     assert rows["baseline"].status == "ok" and rows["ga"].status == "ok"
     assert rows["pm"].status.startswith("n/a on cpu")
-    assert rows["baseline"].median("val_accuracy") > 0.2  # chance is 0.1
-    assert rows["ga"].speedup[0] > 0
+    base, ga = rows["baseline"], rows["ga"]
+    assert base.median("val_accuracy") > 0.2 and ga.median("val_accuracy") > 0.2  # chance: 0.1
+    # One repeat: exactly one paired speed-up, baseline steady time / ga steady time.
+    assert [r.repeat for r in base.records] == [r.repeat for r in ga.records] == [0]
+    assert base.records[0].steady_epoch_s > 0 and ga.records[0].steady_epoch_s > 0
+    assert len(ga.speedups) == 1
+    assert math.isclose(ga.speedups[0],
+                        base.records[0].steady_epoch_s / ga.records[0].steady_epoch_s)
+    assert ga.speedup == (ga.speedups[0],) * 3

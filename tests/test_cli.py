@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from accel import config
-from tests.conftest import run_cli
+from tests.conftest import ROOT, TINY_OVERRIDES, run_cli
 
 BAD_INPUTS = {
     "unknown key": (["train.lrr=0.1"], ["train.lrr", "train.lr"]),
@@ -86,3 +86,35 @@ def test_yaml_round_trip(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(cfg.to_yaml())
     assert config.load(path) == cfg
+
+
+def test_options_may_come_before_between_or_after_the_config():
+    from accel import cli
+
+    orders = (
+        ["tune", "--study", "x", "experiments/quickstart.yaml", "train.epochs=2"],
+        ["tune", "experiments/quickstart.yaml", "train.epochs=2", "--study", "x"],
+        ["tune", "experiments/quickstart.yaml", "--study", "x", "train.epochs=2"],
+    )
+    parsed = [vars(cli.parse(argv)) for argv in orders]
+    assert parsed[0] == parsed[1] == parsed[2]
+    assert parsed[0]["items"] == ["experiments/quickstart.yaml", "train.epochs=2"]
+    assert parsed[0]["study"] == "x" and parsed[0]["command"] == "tune"
+
+
+def test_train_runs_with_options_first(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_cli("train", "--tracking-uri", store, "--experiment", "first",
+                   "experiments/quickstart.yaml", *TINY_OVERRIDES, "train.epochs=1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("run ") and "1 epochs" in proc.stdout
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").rglob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_config_from_params_inverts_flat(path):
+    """Every experiment file survives flat() -> MLflow param text -> from_params()."""
+    cfg = config.load(path)
+    params = {k: config.param_text(v) for k, v in cfg.flat().items()}
+    rebuilt, notes = config.from_params(params)
+    assert rebuilt == cfg and notes == []

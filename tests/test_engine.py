@@ -109,7 +109,7 @@ def test_windows_restart_each_epoch():
         CPU,
         accumulation_steps=4,
     )
-    windows = [step.window(it, 10) for it in range(1, 21)]  # two epochs of 10
+    windows = [step.window_of(it, 10) for it in range(1, 21)]  # two epochs of 10
     ends = [i + 1 for i, (_, last) in enumerate(windows) if last]
     assert ends == [4, 8, 10, 14, 18, 20]
     assert [size for size, _ in windows[8:10]] == [2, 2]

@@ -5,7 +5,6 @@ On one CPU stack a rerun is bitwise identical, so the tests compare final metric
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 import shutil
@@ -16,7 +15,9 @@ import pytest
 import yaml
 
 from accel import cli, config, reproduce
-from accel.tracking import Tracker, _param_value
+from accel.tracking import Tracker, environment_diff
+from accel.tracking.client import _param_value
+from accel.tracking.store import open_store
 from tests.conftest import ROOT, TINY_OVERRIDES, run_cli
 
 COMPARED = ("val_accuracy", "val_f1", "val_loss", "train_loss")
@@ -127,7 +128,7 @@ def test_config_from_params_inverts_logging():
     }
     params = {k: _param_value(v) for k, v in cfg.flat().items()}
     params.update({"effective_batch_size": "64", "resolved.device": "cpu"})  # not config keys
-    rebuilt, notes = reproduce.config_from_params(params)
+    rebuilt, notes = config.from_params(params)
     assert rebuilt == cfg
     assert notes == []
 
@@ -136,7 +137,7 @@ def test_config_from_params_reports_schema_drift():
     params = {k: _param_value(v) for k, v in config.Config().flat().items()}
     del params["train.lr"]
     params["train.old_knob"] = "3"
-    rebuilt, notes = reproduce.config_from_params(params)
+    rebuilt, notes = config.from_params(params)
     assert rebuilt.train.lr == config.TrainConfig().lr
     assert any("train.old_knob" in n for n in notes)
     assert any("train.lr" in n and "defaults" in n for n in notes)
@@ -146,7 +147,7 @@ def test_store_copied_without_artifacts_rebuilds_from_params(moved, tmp_path):
     """Only the database travelled: no config.yaml, no environment.json; params suffice."""
     (tmp_path / "db").mkdir()
     shutil.copy(moved.dir / "mlflow.db", tmp_path / "db" / "mlflow.db")
-    tracker = reproduce.open_store(f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}")
+    tracker = open_store(f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}")
     got = reproduce.load_original(tracker, moved.run_id)
     assert got.source == "params"
     assert got.config.flat() == {**moved.cfg.flat(), "tracking.uri": None}  # the URL is not logged
@@ -221,17 +222,13 @@ def test_environment_diff_names_each_difference():
         "git_dirty": True,
         "packages": {"timm": "1.0.21", "mlflow": "3.17.2"},
     }
-    lines = reproduce.environment_diff(logged, current)
+    lines = environment_diff(logged, current)
     assert any("torch: 2.14.1 in the run, 2.15.0 here" in x for x in lines)
     assert any("package timm: 1.0.20 in the run, 1.0.21 here" in x for x in lines)
     assert any("uncommitted" in x for x in lines)
     assert not any("seed" in x or "mlflow" in x or "cuda" in x for x in lines)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("accel.search") is None,
-    reason="accel.search (accel tune / accel best) is not written yet",
-)
 def test_best_trial_of_a_study_reproduces_as_printed(original, tmp_path, capsys):
     uri = f"sqlite:///{_initialised_store(original, tmp_path / 'mlruns') / 'mlflow.db'}"
     storage = str(tmp_path / "optuna.journal")

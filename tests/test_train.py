@@ -131,3 +131,21 @@ def test_ctrl_c_ends_killed(tiny_overrides, store, monkeypatch):
     assert [r.info.status for r in runs] == ["KILLED"]
     history = mlflow.MlflowClient(store).get_metric_history(runs[0].info.run_id, "val_accuracy")
     assert [m.step for m in history] == [1]  # the finished epoch stays logged
+
+
+def test_every_run_logs_its_config_without_the_store_url(store, tmp_path):
+    """Tracker.log_config, used by train, trial, study, ablation and reproduce runs, never logs
+    where the run is stored (a store URL may hold a password)."""
+    from accel.tracking import Tracker
+
+    cfg = config.load(None, ["tracking.uri=postgresql://someone:s3cret-pw@db.example/mlflow"])
+    tracker = Tracker(store)
+    run_id = tracker.start_run("logged", "config-only")
+    tracker.log_config(run_id, cfg, {"extra.value": 3})
+    run = mlflow.MlflowClient(store).get_run(run_id)
+    assert run.data.params["tracking.uri"] == "null" and run.data.params["extra.value"] == "3"
+    assert not [v for v in run.data.params.values() if "s3cret-pw" in v]
+    text = Path(mlflow.MlflowClient(store).download_artifacts(run_id, "config.yaml", str(tmp_path)))
+    assert "s3cret-pw" not in text.read_text()
+    assert config.from_dict(yaml.safe_load(text.read_text())).tracking.uri is None
+    assert cfg.tracking.uri.startswith("postgresql://")  # the caller's config is left as it was

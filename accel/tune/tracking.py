@@ -8,14 +8,14 @@ Names are part of the contract (DESIGN.md): experiment = study name; the parent 
 
 from __future__ import annotations
 
-import functools
 import json
-import random
-import sys
-import time
 from collections.abc import Callable
 
 from accel.config import Config
+from accel.console import note
+from accel.errors import one_line
+from accel.tracking import retry_locked
+from accel.uris import redact
 
 RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}  # Optuna -> MLflow
 PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
@@ -24,35 +24,7 @@ PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
 PLOT_EVERY_S = 60.0
 ATTR_RUN, ATTR_ERROR = "mlflow_run_id", "accel.error"  # trial user attrs
 ATTR_PARENT = "accel.parent_run_id"  # study user attr
-
-
-def one_line(error: BaseException) -> str:
-    """The first line of an error, with any password in a URL hidden."""
-    from accel.tracking import redact
-
-    text = str(error).strip().splitlines()
-    return redact(text[0] if text else type(error).__name__)[:300]
-
-
-@functools.cache
-def tracker_for(uri: str):
-    """One Tracker (one SQLAlchemy engine) per store and process."""
-    from accel.tracking import Tracker
-
-    return Tracker(uri)
-
-
-def retry_locked(fn, *args, attempts: int = 8, **kwargs):
-    """Call `fn`, backing off while SQLite says 'database is locked' (several worker processes
-    write to one MLflow store; its 20 s busy timeout does not cover lock upgrades)."""
-    for i in range(attempts):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            if "database is locked" not in str(e) or i == attempts - 1:
-                raise
-            time.sleep(0.1 * 2**i * (1 + random.random()))
-    raise AssertionError("unreachable")
+MAX_TAG_CHARS = 500  # of an error kept in a tag or a trial attr
 
 
 def search_runs(tracker, study: str, filters: str) -> list:
@@ -95,20 +67,18 @@ def ensure_parent_run(tracker, study, cfg: Config, storage_url: str) -> str:
 
 
 def _create_parent(tracker, name: str, cfg: Config, storage_url: str) -> str:
-    from accel.tracking import redact
-
     s = cfg.search
     run_id = retry_locked(tracker.start_run, name, f"study-{name}", tags={
         "accel.role": "study", "accel.study": name, "optuna.storage": redact(storage_url),
         "optuna.sampler": s.sampler, "optuna.pruner": s.pruner, "search.metric": s.metric,
         "search.direction": s.direction,
     })
-    params = cfg.flat()
-    if params.get("tracking.uri"):
-        params["tracking.uri"] = redact(params["tracking.uri"])
-    retry_locked(tracker.log_params, run_id, params)
-    retry_locked(tracker.log_text, run_id, cfg.to_yaml(), "config.yaml")
+    retry_locked(tracker.log_config, run_id, cfg)
     return run_id
+
+
+def trial_run_name(number: int) -> str:
+    return f"trial-{number:03d}"
 
 
 def trial_tags(study: str, number: int, invocation: str) -> dict[str, str]:
@@ -128,7 +98,7 @@ def close_trial_run(tracker, study: str, number: int, state: str, error: str | N
         run_id = open_run()
     tags = {"optuna.trial_state": state}
     if error:
-        tags[ATTR_ERROR] = error[:500]
+        tags[ATTR_ERROR] = error[:MAX_TAG_CHARS]
     retry_locked(tracker.set_tags, run_id, tags)
     status = "KILLED" if interrupted else RUN_STATUS[state]
     if retry_locked(tracker.client.get_run, run_id).info.status != status:
@@ -204,7 +174,7 @@ def log_plots(tracker, study, run_id: str) -> None:
                 retry_locked(tracker.log_figure, run_id, fig, f"plots/{name}.png")
                 plt.close(fig)
         except Exception as e:  # a plot is a view; the study goes on without it
-            print(f"accel: note: skipped plot {name}: {one_line(e)}", file=sys.stderr)
+            note(f"note: skipped plot {name}: {one_line(e)}")
 
 
 def complete_states():

@@ -1,0 +1,35 @@
+"""What one ablation run measured, read from the per-epoch history `train` returns."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass
+class RunRecord:
+    combination: str
+    repeat: int
+    run_id: str | None = None
+    ok: bool = False
+    error: str | None = None
+    epochs: int = 0
+    first_epoch_s: float = math.nan
+    steady_epoch_s: float = math.nan  # median of epochs 2.. (the first epoch when there is one)
+    throughput: float = math.nan  # training images/s over the steady epochs
+    peak_memory_mb: float = math.nan
+    val_accuracy: float = math.nan
+
+
+def record_from_history(record: RunRecord, history: list[dict[str, float]]) -> RunRecord:
+    """Epoch 1 (kernel selection, compile) apart; steady state = the median of the later ones."""
+    times = [h["epoch_time_s"] for h in history]
+    steady = history[1:] or history  # one epoch: no steady state apart from warm-up
+    record.epochs = len(history)
+    record.first_epoch_s = times[0]
+    record.steady_epoch_s = statistics.median(h["epoch_time_s"] for h in steady)
+    record.throughput = statistics.median(h["train_throughput"] for h in steady)
+    record.peak_memory_mb = max(h["peak_memory_mb"] for h in history)
+    record.val_accuracy = history[-1]["val_accuracy"]
+    return record

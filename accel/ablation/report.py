@@ -1,0 +1,241 @@
+"""What an ablation shows: one row per combination (medians, spread, paired speed-ups), as a
+markdown table, CSV, a speed-up figure, and the header that says what was compared where."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from accel.ablation.plan import BASELINE, AblationPlan, Combination, not_applicable
+from accel.ablation.record import RunRecord
+from accel.config import Config
+from accel.console import MISSING, fmt
+
+
+@dataclass
+class Row:
+    combo: Combination
+    status: str  # "ok", "2/3 ok", "failed", or the n/a reason
+    records: list[RunRecord] = field(default_factory=list)
+    speedups: list[float] = field(default_factory=list)  # paired by repeat with the baseline
+
+    @property
+    def na(self) -> bool:
+        return self.status.startswith("n/a")
+
+    @property
+    def short_status(self) -> str:
+        """The status as a table cell: "n/a" without its reason."""
+        return "n/a" if self.na else self.status
+
+    @property
+    def note(self) -> str:
+        """Why the row is n/a, or the distinct errors of its failed runs."""
+        if self.na:
+            return self.status
+        return "; ".join(sorted({r.error for r in self.records if r.error}))
+
+    @property
+    def ok(self) -> list[RunRecord]:
+        return [r for r in self.records if r.ok]
+
+    def median(self, attr: str) -> float:
+        values = [getattr(r, attr) for r in self.ok]
+        return statistics.median(values) if values else math.nan
+
+    def spread(self, attr: str) -> tuple[float, float]:
+        values = [getattr(r, attr) for r in self.ok]
+        return (min(values), max(values)) if values else (math.nan, math.nan)
+
+    @property
+    def speedup(self) -> tuple[float, float, float]:
+        """(median, min, max) of the per-repeat speed-ups."""
+        if not self.speedups:
+            return math.nan, math.nan, math.nan
+        return statistics.median(self.speedups), min(self.speedups), max(self.speedups)
+
+
+def summarize(combos: list[Combination], records: list[RunRecord],
+              plan: AblationPlan) -> list[Row]:
+    """Speed-up = baseline / combination steady time, paired by repeat."""
+    base = {r.repeat: r for r in records if r.combination == BASELINE and r.ok}
+    rows = []
+    for combo in combos:
+        reason = not_applicable(combo, plan)
+        if reason:
+            rows.append(Row(combo, reason))
+            continue
+        mine = sorted((r for r in records if r.combination == combo.name), key=lambda r: r.repeat)
+        n_ok = sum(r.ok for r in mine)
+        status = "ok" if n_ok == len(mine) else f"{n_ok}/{len(mine)} ok" if n_ok else "failed"
+        speedups = [base[r.repeat].steady_epoch_s / r.steady_epoch_s
+                    for r in mine if r.ok and r.repeat in base]
+        rows.append(Row(combo, status, mine, speedups))
+    return rows
+
+
+def _technique_cell(row: Row, technique: str, plan: AblationPlan) -> str:
+    if technique not in row.combo.on:
+        return "off"
+    return "n/a" if technique == "pm" and plan.device != "cuda" else "on"
+
+
+def _speedup_cell(row: Row) -> str:
+    if row.na:
+        return row.status.split(":")[0]
+    med, lo, hi = row.speedup
+    if math.isnan(med):
+        return "failed" if row.status == "failed" else f"{MISSING} (no baseline)"
+    return f"{med:.2f}x ({lo:.2f}–{hi:.2f})"
+
+
+def markdown_table(rows: list[Row], plan: AblationPlan) -> str:
+    head = ["combination", *plan.techniques, "status", "steady s/epoch (min–max)",
+            "speed-up (min–max)", "1st epoch s", "img/s", "peak MB", "val acc", "note"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        lo, hi = row.spread("steady_epoch_s")
+        steady = (f"{fmt(row.median('steady_epoch_s'), 2)} ({fmt(lo, 2)}–{fmt(hi, 2)})"
+                  if row.ok else MISSING)
+        cells = [row.combo.name, *(_technique_cell(row, t, plan) for t in plan.techniques),
+                 row.short_status, steady, _speedup_cell(row),
+                 fmt(row.median("first_epoch_s"), 2), fmt(row.median("throughput"), 0),
+                 fmt(row.median("peak_memory_mb"), 0), fmt(row.median("val_accuracy"), 3),
+                 row.note.replace("|", "/")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+CSV_FIELDS = ("combination", "status", "runs_ok", "repeats", "steady_epoch_s_median",
+              "steady_epoch_s_min", "steady_epoch_s_max", "speedup_median", "speedup_min",
+              "speedup_max", "first_epoch_s_median", "warmup_s_median", "throughput_median",
+              "peak_memory_mb_median", "val_accuracy_median", "note")
+
+
+def csv_table(rows: list[Row], plan: AblationPlan) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["combination", *plan.techniques, *CSV_FIELDS[1:]])
+    for row in rows:
+        lo, hi = row.spread("steady_epoch_s")
+        med, s_lo, s_hi = row.speedup
+        warmups = [r.first_epoch_s - r.steady_epoch_s for r in row.ok]
+        writer.writerow([
+            row.combo.name, *(_technique_cell(row, t, plan) for t in plan.techniques),
+            row.short_status, len(row.ok), len(row.records),
+            row.median("steady_epoch_s"), lo, hi, med, s_lo, s_hi, row.median("first_epoch_s"),
+            statistics.median(warmups) if warmups else math.nan, row.median("throughput"),
+            row.median("peak_memory_mb"), row.median("val_accuracy"), row.note,
+        ])
+    return out.getvalue()
+
+
+RUN_FIELDS = ("combination", "repeat", "run_id", "ok", "error", "epochs", "first_epoch_s",
+              "steady_epoch_s", "throughput", "peak_memory_mb", "val_accuracy")
+
+
+def runs_csv(records: list[RunRecord]) -> str:
+    """Every run's own numbers, so the medians above can be checked."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(RUN_FIELDS)
+    for r in sorted(records, key=lambda r: (r.combination, r.repeat)):
+        writer.writerow([getattr(r, f) for f in RUN_FIELDS])
+    return out.getvalue()
+
+
+def speedup_figure(rows: list[Row], title: str):
+    """Horizontal bars: median speed-up vs the baseline, error bars from min to max."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.5))
+    for y, row in enumerate(rows):
+        med, lo, hi = row.speedup
+        if math.isnan(med):
+            ax.text(1.0, y, f"  {_speedup_cell(row)}", va="center", fontsize=8, color="gray")
+            continue
+        ax.barh(y, med, color="tab:blue" if row.status == "ok" else "tab:orange",
+                xerr=[[med - lo], [hi - med]], capsize=3)
+        ax.text(hi, y, f"  {med:.2f}x", va="center", fontsize=8)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [row.combo.name for row in rows])
+    ax.set_ylim(len(rows) - 0.4, -0.6)  # top to bottom, with room for the last label
+    ax.set_xlabel("speed-up vs all-off baseline (steady-state s/epoch; >1 is faster)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def describe_plan(cfg: Config, plan: AblationPlan, repeats: int, device_name: str) -> str:
+    limit = cfg.data.train_limit
+    images = (f"{plan.updates_per_epoch * plan.effective_batch} images"
+              if plan.updates_per_epoch else f"{limit} training images" if limit
+              else "the whole training split")
+    lines = [
+        f"ablation of {', '.join(plan.techniques)} on {device_name}: model {cfg.model.name}, "
+        f"data {cfg.data.dataset}, {cfg.train.epochs} epochs of {images}, "
+        f"{repeats} repeat(s), seed {cfg.train.seed}",
+        f"effective batch {plan.effective_batch} in every combination"
+        + (f"; ga on = {plan.ga_steps} x {plan.micro_batch(True)}, "
+           f"off = 1 x {plan.effective_batch}" if "ga" in plan.techniques else ""),
+    ]
+    if "amp" in plan.techniques:
+        scaler = " + GradScaler" if plan.amp == "fp16" else ""
+        lines.append(f"amp on = autocast {plan.amp}{scaler}, off = fp32")
+    lines.append("steady s/epoch = median over epochs 2.. (epoch 1 apart: warm-up, compile); "
+                 "speed-up = baseline / combination, paired by repeat; spread = min–max")
+    if cfg.train.epochs < 2:
+        lines.append("train.epochs=1: no steady state; the times include warm-up (use >= 2)")
+    lines.append(f"load average at start: {load_average()} (other processes share the CPU)")
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    """1/5/15-minute load: a busy machine slows every combination, so the table says it."""
+    import os
+
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def device_name(device) -> str:
+    import os
+
+    import torch
+
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    from accel.tracking import cpu_name
+
+    threads = torch.get_num_threads()
+    return (f"cpu: {cpu_name()}, {os.cpu_count()} cores, {threads} torch "
+            f"thread{'s' if threads != 1 else ''}, no GPU, torch {torch.__version__}")
+
+
+@dataclass
+class Ablation:
+    """Everything one `accel ablate` measured, and its table."""
+
+    plan: AblationPlan
+    rows: list[Row]
+    records: list[RunRecord]
+    header: str
+    repeats: int
+    parent_run_id: str | None = None
+    footer: str = ""
+
+    @property
+    def baseline_ok(self) -> bool:
+        return bool(self.rows and self.rows[0].ok)
+
+    def markdown(self) -> str:
+        footer = f"\n{self.footer}\n" if self.footer else ""
+        return self.header + "\n\n" + markdown_table(self.rows, self.plan) + "\n" + footer

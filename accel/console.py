@@ -1,0 +1,44 @@
+"""What accel says on the terminal: notes and warnings on stderr, quiet libraries, numbers in
+tables. Results go to stdout; everything about how the work goes goes to stderr."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+
+MISSING = "—"  # a cell with no number (not run, failed, not logged)
+
+
+def note(message: str) -> None:
+    print(f"accel: {message}", file=sys.stderr, flush=True)
+
+
+def warn(message: str) -> None:
+    print(f"accel: warning: {message}", file=sys.stderr, flush=True)
+
+
+def progress(message: str) -> None:
+    """A progress line of long work (one per trial, run or epoch)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def quiet_libraries(study: bool = False) -> None:
+    """Keep library chatter out of accel's own lines. In a study, Optuna logs every trial
+    (failures with tracebacks) and Ignite logs a pruned trial as an error; `accel tune` prints
+    one line per trial instead."""
+    for name in ("alembic", "mlflow", "optuna", "ignite"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # per-retry network noise
+    if study:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        logging.getLogger("ignite").setLevel(logging.CRITICAL)
+
+
+def fmt(value: float | None, digits: int = 4, sign: bool = False) -> str:
+    """A table cell: `digits` decimals (with a + sign when asked), MISSING for None or NaN."""
+    if value is None or math.isnan(value):
+        return MISSING
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"

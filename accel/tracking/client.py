@@ -1,0 +1,144 @@
+"""`Tracker`: MLflow runs, params, metrics, tags and artifacts through one explicit client.
+
+Everything goes through an `MlflowClient` and run ids (no fluent "active run" state), so several
+runs, or several worker processes, never mix up whose metrics are whose.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from accel.config import Config, param_text
+from accel.errors import ConfigError
+from accel.uris import redact, resolve_uri, sqlite_path
+
+MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
+PARAMS_PER_BATCH = 100  # MLflow takes at most 100 params per log_batch
+
+
+class Tracker:
+    """A thin layer over `MlflowClient` that speaks the project's contract (names, statuses)."""
+
+    def __init__(self, uri: str | None = None):
+        from mlflow.tracking import MlflowClient
+
+        self.uri = resolve_uri(uri)
+        db = sqlite_path(self.uri)
+        if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            # Artifacts sit beside the database: sqlite:///mlruns/mlflow.db -> mlruns/artifacts.
+            self.artifact_root: str | None = (db.parent.resolve() / "artifacts").as_uri()
+        elif "://" not in self.uri and not self.uri.startswith("file:"):
+            raise ConfigError(
+                f"--tracking-uri {redact(self.uri)!r} is not a supported store: use "
+                "sqlite:///path.db, postgresql://..., or http(s)://host:port"
+            )
+        else:
+            self.artifact_root = None  # a server or database decides where artifacts go
+        self.client = MlflowClient(tracking_uri=self.uri)
+
+    def experiment_id(self, name: str) -> str:
+        """The experiment called `name`, created if missing (safe when two processes race)."""
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            location = f"{self.artifact_root}/{name}" if self.artifact_root else None
+            return self.client.create_experiment(name, artifact_location=location)
+        except Exception:
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def start_run(self, experiment: str, run_name: str, tags: dict[str, str] | None = None,
+                  parent_run_id: str | None = None) -> str:
+        tags = dict(tags or {})
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags)
+        return run.info.run_id
+
+    def log_config(self, run_id: str, cfg: Config, extra: dict[str, Any] | None = None) -> None:
+        """The one way every kind of run logs its config: the whole config as params (plus
+        `extra`, derived values) and as `config.yaml`. Where the run is stored is not part of
+        its recipe, and a store URL may hold a password: `tracking.uri` is logged as null."""
+        import dataclasses
+
+        logged = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, uri=None))
+        self.log_params(run_id, {**logged.flat(), **(extra or {})})
+        self.log_text(run_id, logged.to_yaml(), "config.yaml")
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, _param_value(v)) for k, v in params.items()]
+        for i in range(0, len(items), PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=items[i : i + PARAMS_PER_BATCH],
+                                  synchronous=True)
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        self.client.log_batch(run_id, metrics=items, synchronous=True)
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)) for k, v in tags.items()]
+        self.client.log_batch(run_id, tags=items, synchronous=True)
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        self.client.log_text(run_id, text, artifact_file)
+
+    def log_json(self, run_id: str, obj: Any, artifact_file: str) -> None:
+        self.log_text(run_id, json.dumps(obj, indent=2, sort_keys=True, default=str),
+                      artifact_file)
+
+    def log_figure(self, run_id: str, figure, artifact_file: str) -> None:
+        self.client.log_figure(run_id, figure, artifact_file)
+
+    def end_run(self, run_id: str, status: str) -> None:
+        """status: FINISHED, FAILED or KILLED."""
+        self.client.set_terminated(run_id, status=status)
+
+
+def _param_value(value: Any) -> str:
+    text = param_text(value)
+    return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
+
+
+@functools.cache
+def tracker_for(uri: str) -> Tracker:
+    """One Tracker (one SQLAlchemy engine) per store and process."""
+    return Tracker(uri)
+
+
+def retry_locked(fn, *args, attempts: int = 8, **kwargs):
+    """Call `fn`, backing off while SQLite says 'database is locked' (several worker processes
+    write to one MLflow store; its 20 s busy timeout does not cover lock upgrades)."""
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if "database is locked" not in str(e) or i == attempts - 1:
+                raise
+            time.sleep(0.1 * 2**i * (1 + random.random()))
+    raise AssertionError("unreachable")
+
+
+def scratch_dir():
+    """A temporary folder for files on their way to MLflow (removed on exit)."""
+    import tempfile
+
+    return tempfile.TemporaryDirectory(prefix="accel-")

@@ -1,0 +1,96 @@
+"""Where a run ran: versions, hardware, git state and seed (logged as `environment.json`), and
+how two such records differ (printed before a rerun)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("torch", "torchvision", "pytorch-ignite", "timm", "mlflow", "optuna",
+            "optuna-integration", "scikit-learn", "numpy", "pyyaml", "accel")
+ENV_IGNORED = ("seed",)  # differs on purpose between an original run and a rerun
+
+
+def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
+    """The commit of the checkout the code runs from, and whether it has uncommitted changes."""
+    cwd = cwd or Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return {"git_commit": None, "git_dirty": None}
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, timeout=10,
+        )
+        return {"git_commit": commit.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.TimeoutExpired):
+        return {"git_commit": None, "git_dirty": None}
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: str, seed: int) -> dict[str, Any]:
+    """What a rerun needs to know about where this run ran (logged as environment.json)."""
+    import torch
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    cuda = torch.cuda.is_available()
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "device": device,
+        "seed": seed,
+        "packages": versions,
+        **git_state(),
+    }
+
+
+def environment_diff(logged: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """One line per entry that differs, package versions one by one."""
+    lines = []
+    for key in sorted(set(logged) | set(current)):
+        if key in ENV_IGNORED:
+            continue
+        old, new = logged.get(key), current.get(key)
+        if isinstance(old, dict) or isinstance(new, dict):
+            old, new = old or {}, new or {}
+            lines += [
+                f"environment differs: package {name}: {old.get(name)} in the run, "
+                f"{new.get(name)} here"
+                for name in sorted(set(old) | set(new))
+                if old.get(name) != new.get(name)
+            ]
+        elif old != new:
+            lines.append(f"environment differs: {key}: {old} in the run, {new} here")
+    if logged.get("git_dirty"):
+        lines.append(
+            "the run's checkout had uncommitted changes (git_dirty): the code it ran "
+            "is in no commit"
+        )
+    return lines

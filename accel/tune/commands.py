@@ -1,0 +1,151 @@
+"""The `accel tune` and `accel best` commands."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from accel.config import Config, ConfigError
+from accel.console import note, progress, quiet_libraries
+from accel.tracking import retry_locked, tracker_for
+from accel.tune import tracking as st
+from accel.tune.storage import DEFAULT_STORAGE, is_journal, open_storage
+from accel.tune.study import (
+    ATTR_DEFINITION,
+    ATTR_INVOCATION,
+    ATTR_TRACKING,
+    TuneJob,
+    check_study_name,
+    prepare,
+)
+from accel.tune.workers import clean_up, interrupt_once, run_workers
+from accel.uris import DEFAULT_URI, redact, resolve_uri
+
+
+def cli_tune(args, cfg: Config) -> int:
+    """`accel tune`: prepare the study and its parent run, run the trials, close what is left."""
+    n_trials = args.n_trials if args.n_trials is not None else cfg.search.n_trials
+    if n_trials < 1:
+        raise ConfigError(f"--n-trials {n_trials}: must be >= 1")
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: must be >= 1")
+    if args.timeout is not None and not args.timeout > 0:
+        raise ConfigError(f"--timeout {args.timeout}: must be > 0 seconds")
+    quiet_libraries(study=True)
+    study, job = prepare(cfg, args.study or cfg.name, args.storage, args.tracking_uri)
+    job.workers = args.workers
+    job.deadline = time.time() + args.timeout if args.timeout else None
+    tracker = tracker_for(job.tracking_uri)
+    orphans = clean_up(study, tracker, None) if is_journal(job.storage) else 0
+    before = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+    progress(f"study {job.study}: {n_trials} trial(s) on {job.workers} worker(s); "
+             f"{before} finished so far{f', {orphans} orphaned marked FAIL' if orphans else ''}; "
+             f"storage {redact(job.storage)}; MLflow {redact(job.tracking_uri)} "
+             f"(experiment {job.study}, parent run {job.parent_run_id})")
+    previous = signal.signal(signal.SIGINT, interrupt_once)
+    status, code = "FAILED", 1
+    try:
+        code = run_workers(job, n_trials)
+        status = "FINISHED" if code == 0 else "FAILED"
+    except KeyboardInterrupt:
+        status, code = "KILLED", 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the clean-up finish
+        clean_up(study, tracker, job.invocation)
+        _finish_parent(tracker, study, job, status)
+        signal.signal(signal.SIGINT, previous)
+    progress(summary(study, job))
+    if status == "KILLED":
+        note("interrupted; this run's unfinished trial(s) were marked FAIL (MLflow "
+             "KILLED); run the same command again to resume the study")
+    elif code == 0 and not _any_complete(study, job.invocation):
+        code = 1  # every trial of this invocation failed: say so to scripts
+    return code
+
+
+def _finish_parent(tracker, study, job: TuneJob, status: str) -> None:
+    try:
+        st.update_parent(tracker, study, job.parent_run_id, plots=True)
+    finally:
+        retry_locked(tracker.end_run, job.parent_run_id, status)
+
+
+def _any_complete(study, invocation: str) -> bool:
+    return any(t.user_attrs.get(ATTR_INVOCATION) == invocation
+               for t in study.get_trials(deepcopy=False, states=st.complete_states()))
+
+
+def summary(study, job: TuneJob) -> str:
+    mine = [t for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get(ATTR_INVOCATION) == job.invocation]
+    counts = {s: sum(t.state.name == s for t in mine) for s in ("COMPLETE", "PRUNED", "FAIL")}
+    best = st.best_trial(study)
+    best_text = (f"best {job.cfg.search.metric}={best.value:.4f} (trial {best.number})"
+                 if best else "no complete trial yet")
+    return (f"study {job.study}: this run {len(mine)} trial(s) ({counts['COMPLETE']} complete, "
+            f"{counts['PRUNED']} pruned, {counts['FAIL']} failed); {len(study.trials)} in all; "
+            f"{best_text}. See `accel best --study {job.study}"
+            f"{_storage_flag(job.storage)}`")
+
+
+def _storage_flag(storage: str) -> str:
+    return "" if storage == DEFAULT_STORAGE else f" --storage {shlex.quote(redact(storage))}"
+
+
+def load_existing_study(name: str, storage_url: str | None):
+    """A study that must already exist (`accel best`): a ConfigError naming the studies there."""
+    import optuna
+
+    check_study_name(name)
+    storage_url = storage_url or DEFAULT_STORAGE
+    if is_journal(storage_url) and not Path(storage_url).is_file():
+        raise ConfigError(f"no Optuna storage at {storage_url}: run `accel tune` first, or "
+                          "pass --storage")
+    storage = open_storage(storage_url)
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        names = sorted(optuna.get_all_study_names(storage=storage))
+        raise ConfigError(f"no study '{name}' in {redact(storage_url)}; studies there: "
+                          f"{', '.join(names) or 'none'}") from None
+
+
+def cli_best(args) -> int:
+    """`accel best`: the best COMPLETE trial, its MLflow run, and the command that reruns it."""
+    quiet_libraries(study=True)
+    name = args.study
+    study = load_existing_study(name, args.storage)
+    best = st.best_trial(study)
+    states = [t.state.name for t in study.trials]
+    counts = ", ".join(f"{states.count(s)} {word}" for s, word in
+                       (("COMPLETE", "complete"), ("PRUNED", "pruned"), ("FAIL", "failed")))
+    if best is None:
+        progress(f"study {name}: no complete trial yet ({len(states)} trials: {counts})")
+        return 1
+    uri = args.tracking_uri or study.user_attrs.get(ATTR_TRACKING) or resolve_uri(None)
+    run_id = (best.user_attrs.get(st.ATTR_RUN)
+              or st.find_trial_run(tracker_for(uri), name, best.number))
+    metric = study.user_attrs.get(ATTR_DEFINITION, {}).get("metric", "value")
+    command = f"accel reproduce {run_id}"
+    if uri != DEFAULT_URI:
+        command += f" --tracking-uri {shlex.quote(redact(uri))}"
+    lines = [f"study: {name} ({len(states)} trials: {counts})",
+             f"best trial: {best.number}",
+             f"{metric}: {best.value:.6g}",
+             "params:"]
+    lines += [f"  {k}: {_show(v)}" for k, v in best.params.items()]
+    lines += [f"mlflow run: {run_id} (experiment {name}, {redact(uri)})",
+              f"reproduce: {command}"]
+    print("\n".join(lines))
+    return 0
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

@@ -1,0 +1,97 @@
+"""The objective: one trial is one `train()` run of the base config with the trial's values set,
+logged as a child of the study's parent run. Every outcome (complete, pruned, failed, interrupted)
+leaves exactly one MLflow run with the trial's state."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+
+from accel.config import ConfigError
+from accel.console import warn
+from accel.errors import describe_error, one_line
+from accel.tracking import retry_locked, tracker_for
+from accel.tune import tracking as st
+from accel.tune.space import trial_config
+from accel.tune.study import ATTR_HOST, ATTR_INVOCATION, ATTR_PID, TuneJob
+
+
+class Objective:
+    """Called by Optuna once per trial; returns the search metric of the trial's run."""
+
+    def __init__(self, job: TuneJob):
+        self.job = job
+        self.bad_input: ConfigError | None = None  # stops the invocation: it would recur
+
+    @property
+    def tracker(self):
+        return tracker_for(self.job.tracking_uri)
+
+    def __call__(self, trial) -> float:
+        import optuna
+
+        from accel.train import train
+
+        job = self.job
+        trial.set_user_attr(ATTR_INVOCATION, job.invocation)
+        trial.set_user_attr(ATTR_HOST, socket.gethostname())
+        trial.set_user_attr(ATTR_PID, os.getpid())
+        state, run_id, error, interrupted = "FAIL", None, None, False
+        try:
+            cfg = trial_config(job.cfg, job.dims, trial)
+            result = train(cfg, trial=trial, run_name=st.trial_run_name(trial.number),
+                           tags=st.trial_tags(job.study, trial.number, job.invocation),
+                           parent_run_id=job.parent_run_id)
+            run_id = result.run_id
+            value = result.metrics[job.cfg.search.metric]
+            if not math.isfinite(value):
+                raise RuntimeError(f"{job.cfg.search.metric} is {value}")
+            state = "COMPLETE"
+            return value
+        except optuna.TrialPruned:
+            state = "PRUNED"
+            raise
+        except ConfigError as e:
+            self.bad_input, error = e, e
+            raise
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
+        except Exception as e:
+            error = e
+            _free_accelerator_memory()  # after an out-of-memory error the next trial needs it
+            raise
+        finally:
+            self._close(trial, state, run_id, error, interrupted)
+
+    def _close(self, trial, state, run_id, error, interrupted) -> None:
+        message = describe_error(error) if error else None
+        if message:
+            trial.set_user_attr(st.ATTR_ERROR, message[:st.MAX_TAG_CHARS])
+        try:
+            run_id = st.close_trial_run(self.tracker, self.job.study, trial.number, state,
+                                        message, run_id=run_id, interrupted=interrupted,
+                                        open_run=lambda: self._open_run(trial.number))
+            trial.set_user_attr(st.ATTR_RUN, run_id)
+        except Exception as e:  # never hide the trial's own outcome behind a logging error
+            warn(f"trial {trial.number}: could not update its MLflow run: {one_line(e)}")
+
+    def _open_run(self, number: int) -> str:
+        """The run of a trial that failed before `train()` opened one (bad value, data error)."""
+        job = self.job
+        run_id = retry_locked(self.tracker.start_run, job.study, st.trial_run_name(number),
+                              tags=st.trial_tags(job.study, number, job.invocation),
+                              parent_run_id=job.parent_run_id)
+        retry_locked(self.tracker.log_config, run_id, job.cfg)
+        return run_id
+
+
+def _free_accelerator_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

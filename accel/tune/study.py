@@ -1,0 +1,159 @@
+"""A study in Optuna's storage and MLflow: its name, sampler and pruner, and `prepare`, which
+makes the study and its parent run once, before any worker starts.
+
+What defines a study (metric, direction, space) is kept in its user attrs: the same `--study`
+again resumes it, and a rerun that would change its meaning is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import uuid
+from dataclasses import dataclass
+
+from accel.config import Config, ConfigError
+from accel.tracking import Tracker
+from accel.tune import tracking as st
+from accel.tune.space import Dim, check_same_study, check_search, definition, get_key
+from accel.tune.storage import DEFAULT_STORAGE, RetryStaleTrial, open_storage
+from accel.uris import redact, resolve_uri
+
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # safe in MLflow filters and paths
+# Study user attrs.
+ATTR_DEFINITION = "accel.definition"
+ATTR_TRACKING = "accel.tracking_uri"
+# Trial user attrs.
+ATTR_INVOCATION, ATTR_HOST, ATTR_PID = "accel.invocation", "accel.host", "accel.pid"
+
+
+def build_sampler(name: str, seed: int):
+    import optuna
+
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    # 5 random trials before TPE models the space (the default, 10, would leave a 10-trial study
+    # all random). constant_liar (Optuna's default) keeps parallel workers from piling on one spot.
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+
+
+def build_pruner(name: str, epochs: int):
+    """Pruners judge the search metric reported after each epoch (step = epoch)."""
+    import optuna
+
+    if name == "none":
+        return optuna.pruners.NopPruner()
+    if name == "hyperband":
+        # Successive halving from 1 epoch up to the full budget, keeping the best third per rung.
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(epochs, 2),
+                                              reduction_factor=3)
+    # Stop a trial whose metric at epoch k is worse than the median of earlier trials at epoch k,
+    # once 3 trials finished; epoch 1 is not judged (under warm-up it says little).
+    return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2)
+
+
+def worker_seed(base: int, n_existing: int, worker: int) -> int:
+    """Distinct per worker and per resume, so no two sample the same startup trials."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([base, n_existing, worker]).generate_state(1)[0])
+
+
+@dataclass
+class TuneJob:
+    """One `accel tune` invocation: everything a worker process needs for its share of it."""
+
+    cfg: Config  # the base config; trials set the searched keys on a copy
+    dims: list[Dim]
+    study: str
+    storage: str
+    tracking_uri: str
+    parent_run_id: str
+    invocation: str  # tags this invocation's trials and runs, to clean up after Ctrl-C
+    seed: int
+    workers: int = 1
+    deadline: float | None = None  # time.time() after which no new trial starts
+
+
+def check_study_name(name: str) -> str:
+    if not STUDY_NAME.fullmatch(name):
+        raise ConfigError(f"--study {name!r}: use letters, digits, '.', '_' and '-' "
+                          "(starting with a letter or digit)")
+    return name
+
+
+def open_study(cfg: Config, dims: list[Dim], name: str, storage):
+    """Create the study, or load it and check it is the same study (ConfigError if not)."""
+    import optuna
+
+    study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
+                                direction=cfg.search.direction)
+    wanted = definition(cfg, dims)
+    stored = study.user_attrs.get(ATTR_DEFINITION)
+    if stored is None:  # new, or made outside accel: it takes this definition
+        stored = {**wanted, "direction": study.direction.name.lower()}
+        check_same_study(name, stored, wanted)
+        study.set_user_attr(ATTR_DEFINITION, wanted)
+    check_same_study(name, stored, wanted)
+    return study
+
+
+def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
+            tracking_uri: str | None = None):
+    """Study and parent run, made once in the main process before any worker starts.
+
+    Bad input fails first and cheaply (space, storage URL, conflicting study, model name), before
+    the MLflow store is touched. Returns (optuna study, TuneJob); the MLflow store and experiment
+    exist afterwards, so worker processes never race to create them."""
+    check_study_name(study_name)
+    dims = check_search(cfg)
+    cfg = copy.deepcopy(cfg)
+    if tracking_uri:
+        cfg.tracking.uri = tracking_uri
+    cfg.tracking.experiment = study_name  # experiment = study
+    uri = resolve_uri(cfg.tracking.uri)
+    if redact(uri) != uri:
+        # Every trial logs its config as params: a password travels in the environment instead.
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+        cfg.tracking.uri = None
+    storage_url = storage_url or DEFAULT_STORAGE
+    study = open_study(cfg, dims, study_name,
+                       open_storage(storage_url, on_stale=RetryStaleTrial(uri)))
+    _check_model_names(cfg, dims)
+    tracker = Tracker(uri)
+    parent = st.ensure_parent_run(tracker, study, cfg, storage_url)
+    if not study.trials:
+        enqueue_baseline(study, cfg, dims)
+    if redact(uri) == uri:  # `accel best` finds the runs there; a password is never stored
+        study.set_user_attr(ATTR_TRACKING, uri)
+    job = TuneJob(cfg=cfg, dims=dims, study=study_name, storage=storage_url, tracking_uri=uri,
+                 parent_run_id=parent, invocation=uuid.uuid4().hex[:12],
+                 seed=worker_seed(cfg.train.seed, len(study.trials), 0))
+    return study, job
+
+
+def enqueue_baseline(study, cfg: Config, dims: list[Dim]) -> None:
+    """A new study's first trial runs the experiment file's own values (those inside the space),
+    so the study's best is never worse than the file it was tuned from."""
+    params = {}
+    for dim in dims:
+        value = get_key(cfg, dim.key)
+        inside = (value in dim.choices if dim.type == "categorical"
+                  else isinstance(value, int | float) and dim.low <= value <= dim.high)
+        if inside:
+            params[dim.key] = value
+    if params:
+        study.enqueue_trial(params, user_attrs={"accel.baseline": True})
+
+
+def _check_model_names(cfg: Config, dims: list[Dim]) -> None:
+    """A misspelt timm model would fail every trial: exit 2 now instead."""
+    from accel.models import check_model_name
+
+    names = {cfg.model.name}
+    for dim in dims:
+        if dim.key == "model.name":
+            names = {str(c) for c in dim.choices}
+    for name in sorted(names):
+        check_model_name(name)

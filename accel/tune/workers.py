@@ -1,0 +1,229 @@
+"""Running trials: the worker loop (claim a slot, run one trial, update the parent run), worker
+processes on one study, Ctrl-C, and closing trials left RUNNING.
+
+`--n-trials` counts for the whole invocation: the workers share one `Budget`. With one worker the
+loop runs in this process; with several, in spawned processes (CUDA and some BLAS builds cannot
+be used in a forked child), each with `cores / N` torch threads and its own GPU where several
+exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+
+from accel.config import ConfigError
+from accel.console import progress, quiet_libraries, warn
+from accel.errors import one_line
+from accel.tracking import retry_locked
+from accel.tune import tracking as st
+from accel.tune.objective import Objective
+from accel.tune.storage import RetryStaleTrial, open_storage
+from accel.tune.study import (
+    ATTR_HOST,
+    ATTR_INVOCATION,
+    ATTR_PID,
+    TuneJob,
+    build_pruner,
+    build_sampler,
+    worker_seed,
+)
+
+
+class Budget:
+    """`--n-trials` for the whole invocation: worker processes claim slots from one counter."""
+
+    def __init__(self, n: int, context=None):
+        import multiprocessing
+
+        self.n = n
+        self.used = (context or multiprocessing).Value("i", 0)
+
+    def claim(self) -> bool:
+        with self.used.get_lock():
+            if self.used.value >= self.n:
+                return False
+            self.used.value += 1
+            return True
+
+
+def run_worker(job: TuneJob, index: int, budget: Budget) -> None:
+    """Claim a trial slot, run one trial, repeat; the study's parent run is updated after each."""
+    import optuna
+
+    study = optuna.load_study(
+        study_name=job.study,
+        storage=open_storage(job.storage, on_stale=RetryStaleTrial(job.tracking_uri)),
+        sampler=build_sampler(job.cfg.search.sampler, worker_seed(job.seed, 0, index)),
+        pruner=build_pruner(job.cfg.search.pruner, job.cfg.train.epochs),
+    )
+    objective = Objective(job)
+    prefix = f"[worker {index}] " if job.workers > 1 else ""
+    last_plots = [time.time() - st.PLOT_EVERY_S / 2]  # the first plots come after a few trials
+
+    def after_trial(study, trial) -> None:
+        progress(prefix + describe_trial(study, trial, job.cfg.search.metric))
+        plots = time.time() - last_plots[0] >= st.PLOT_EVERY_S
+        try:
+            st.update_parent(objective.tracker, study, job.parent_run_id, plots=plots)
+            last_plots[0] = time.time() if plots else last_plots[0]
+        except Exception as e:
+            warn(f"could not update the study run: {one_line(e)}")
+
+    while budget.claim():
+        if job.deadline is not None and time.time() >= job.deadline:
+            break
+        study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=[after_trial],
+                       gc_after_trial=True)
+        if objective.bad_input is not None:
+            raise objective.bad_input
+
+
+def describe_trial(study, trial, metric: str) -> str:
+    took = f" in {trial.duration.total_seconds():.1f}s" if trial.duration else ""
+    if trial.state.name == "COMPLETE":
+        what = f"{metric}={trial.value:.4f}"
+    elif trial.state.name == "PRUNED":
+        what = f"at epoch {trial.last_step}" if trial.last_step is not None else ""
+    else:
+        what = trial.user_attrs.get(st.ATTR_ERROR, "")
+    best = st.best_trial(study)
+    tail = f"; best {best.value:.4f} (trial {best.number})" if best else ""
+    return f"trial {trial.number:03d} {trial.state.name} {what}{took}{tail}"
+
+
+# --- worker processes and Ctrl-C -------------------------------------------------------------
+
+
+def interrupt_once(signum, frame) -> None:
+    """First Ctrl-C: stop (KeyboardInterrupt); later ones are ignored so clean-up can finish."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _worker_main(job: TuneJob, index: int, budget: Budget, env: dict[str, str]) -> None:
+    """Entry of a spawned worker process; its exit code tells the main process how it ended."""
+    os.environ.update(env)  # before torch is imported: which GPU this worker sees
+    signal.signal(signal.SIGINT, interrupt_once)
+    quiet_libraries(study=True)
+    try:
+        import torch
+
+        # Share the CPU cores instead of oversubscribing them (n workers x all cores each).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.workers))
+        run_worker(job, index, budget)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except ConfigError as e:
+        print(f"accel: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _gpu_envs(workers: int, device: str) -> list[dict[str, str]]:
+    """One GPU per worker (round robin) where there are several; nothing to set otherwise."""
+    if device == "cpu":
+        return [{} for _ in range(workers)]
+    import torch
+
+    count = torch.cuda.device_count()
+    if count < 2:
+        return [{} for _ in range(workers)]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(count)]
+    return [{"CUDA_VISIBLE_DEVICES": ids[i % len(ids)]} for i in range(workers)]
+
+
+def run_workers(job: TuneJob, n_trials: int) -> int:
+    """Run the invocation's trials in this process (1 worker) or in spawned processes."""
+    if job.workers == 1:
+        run_worker(job, 0, Budget(n_trials))
+        return 0
+    import multiprocessing
+
+    # spawn: CUDA and some BLAS builds cannot be used in a forked child.
+    context = multiprocessing.get_context("spawn")
+    budget = Budget(n_trials, context)
+    procs = [context.Process(target=_worker_main, args=(job, i, budget, env),
+                             name=f"accel-tune-{i}")
+             for i, env in enumerate(_gpu_envs(job.workers, job.cfg.train.device))]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:
+        _stop(procs)
+        raise
+    codes = [p.exitcode for p in procs]
+    if 130 in codes:
+        raise KeyboardInterrupt
+    if 2 in codes:
+        return 2
+    return 0 if all(c == 0 for c in codes) else 1
+
+
+def _stop(procs, wait_s: float = 60.0) -> None:
+    """Ctrl-C reached this process: make sure the workers got it, wait, then terminate."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for p in procs:
+        if p.is_alive() and p.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGINT)  # a worker ignores a second one
+    deadline = time.time() + wait_s
+    for p in procs:
+        p.join(max(0.1, deadline - time.time()))
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+
+
+# --- clean-up ---------------------------------------------------------------------------------
+
+
+def clean_up(study, tracker, invocation: str | None) -> int:
+    """Mark RUNNING trials FAIL (and their MLflow runs KILLED): those of this invocation after
+    Ctrl-C, or, with `invocation=None`, those whose process on this host is gone (a killed run
+    on a journal storage, which has no heartbeats). Returns how many were closed."""
+    from optuna.trial import TrialState
+
+    closed = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if invocation is not None:
+            if t.user_attrs.get(ATTR_INVOCATION) != invocation:
+                continue
+        elif not _orphaned(t):
+            continue
+        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        try:
+            st.close_trial_run(tracker, study.study_name, t.number, "FAIL",
+                               "interrupted" if invocation else "its worker process is gone",
+                               run_id=t.user_attrs.get(st.ATTR_RUN), interrupted=True)
+        except Exception as e:
+            warn(f"trial {t.number}: {one_line(e)}")
+        closed += 1
+    if invocation is not None:
+        for run in st.search_runs(tracker, study.study_name,
+                                  f"tags.`accel.invocation` = '{invocation}' AND "
+                                  "attributes.status = 'RUNNING'"):
+            retry_locked(tracker.set_tags, run.info.run_id, {"optuna.trial_state": "FAIL"})
+            retry_locked(tracker.end_run, run.info.run_id, "KILLED")
+    return closed
+
+
+def _orphaned(trial) -> bool:
+    if trial.user_attrs.get(ATTR_HOST) != socket.gethostname():
+        return False
+    pid = trial.user_attrs.get(ATTR_PID)
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

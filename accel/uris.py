@@ -1,0 +1,33 @@
+"""Store URLs: the default MLflow and Optuna stores, SQLite paths, and hiding passwords.
+
+A storage or tracking URL may hold a password (`postgresql://user:pw@host/db`). It is never
+printed or logged as given: `redact` is applied to every URL that reaches a message, a tag or a
+param.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+DEFAULT_URI = "sqlite:///mlruns/mlflow.db"  # artifacts beside it, in mlruns/artifacts/
+DEFAULT_STORAGE = "mlruns/optuna.journal"  # Optuna's journal file (accel.tune.storage)
+SQLITE_PREFIX = "sqlite:///"
+
+
+def resolve_uri(uri: str | None = None) -> str:
+    """The MLflow store: the given URI, else $MLFLOW_TRACKING_URI, else the project's default."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+
+def redact(uri: str) -> str:
+    """The URI with any password replaced, for messages and logs."""
+    return re.sub(r"(://[^:/@]+:)[^@]+@", r"\1***@", uri)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """`sqlite:///mlruns/mlflow.db` -> Path("mlruns/mlflow.db"); None for any other URL."""
+    if uri.startswith(SQLITE_PREFIX):
+        return Path(uri[len(SQLITE_PREFIX) :])
+    return None
