@@ -30,13 +30,13 @@ def main() -> None:
     args = ap.parse_args()
 
     from accel import config
-    from accel.cli import _quiet_libraries
+    from accel.console import quiet_libraries
     from accel.train import train
 
     items = args.items
     path = items.pop(0) if items and "=" not in items[0] else ROOT / "experiments/quickstart.yaml"
     cfg = config.load(path, items)
-    _quiet_libraries()
+    quiet_libraries()
     store = tempfile.mkdtemp(prefix="accel-bench-")
     cfg.tracking.uri = f"sqlite:///{store}/mlflow.db"
     cfg.tracking.experiment = "bench-tracking"

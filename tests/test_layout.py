@@ -95,3 +95,17 @@ def test_no_import_cycles():
     for name in sorted(graph):
         if name not in state:
             visit(name, [])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "bench").glob("*.py")), ids=lambda p: p.stem)
+def test_bench_scripts_import_what_exists(path):
+    """Benchmarks import accel lazily inside main(): check every accel name they import."""
+    import importlib
+    import importlib.util
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("accel"):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                assert hasattr(module, alias.name) or importlib.util.find_spec(
+                    f"{node.module}.{alias.name}"), f"{path.name}: {node.module}.{alias.name}"
