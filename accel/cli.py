@@ -8,7 +8,7 @@ from pathlib import Path
 
 from accel.config import DEFAULT_CONFIG, Config
 from accel.errors import ConfigError, NonFiniteLoss
-from accel.uris import DEFAULT_STORAGE, DEFAULT_URI
+from accel.uris import DEFAULT_STORAGE, DEFAULT_URI, with_driver
 
 
 class Parser(argparse.ArgumentParser):
@@ -72,17 +72,19 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
+    import os
     import subprocess
 
     from accel.tracking import Tracker
 
     tracker = Tracker(args.tracking_uri)  # creates the local store if it is missing
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port),
-           "--backend-store-uri", tracker.uri]
+    # The store goes by environment, not argv: a URL's password never shows in `ps`.
+    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": with_driver(tracker.uri)}
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port)]
     if tracker.artifact_root:
         cmd += ["--default-artifact-root", tracker.artifact_root]
     print(f"MLflow UI on http://127.0.0.1:{args.port} (Ctrl-C stops it)", file=sys.stderr)
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env=env)
 
 
 def _config_args(p: Parser) -> None:
@@ -99,7 +101,7 @@ def _tracking_arg(p: Parser) -> None:
 def _storage_arg(p: Parser) -> None:
     p.add_argument("--storage", metavar="URL",
                    help=f"Optuna storage: a journal file path or an RDB URL "
-                   f"(default {DEFAULT_STORAGE})")
+                   f"(default $ACCEL_STORAGE or {DEFAULT_STORAGE})")
 
 
 def build_parser() -> tuple[Parser, dict[str, Parser]]:
@@ -163,9 +165,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     from accel.console import quiet_libraries
 
     args = parse(argv)
+    # accel opens its own runs by id; a run id inherited from a parent process (an `mlflow run`
+    # project, a notebook) must not redirect anything into that run.
+    os.environ.pop("MLFLOW_RUN_ID", None)
+    # With a tracking server, MLflow prints two "View run at" lines per finished run to stdout,
+    # where accel's results go; accel names its runs itself.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     quiet_libraries()
     try:
         return args.func(args) or 0

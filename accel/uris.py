@@ -31,3 +31,14 @@ def sqlite_path(uri: str) -> Path | None:
     if uri.startswith(SQLITE_PREFIX):
         return Path(uri[len(SQLITE_PREFIX) :])
     return None
+
+
+def with_driver(url: str) -> str:
+    """SQLAlchemy 2.1 reads `postgresql://` as psycopg 3; use psycopg2 where only it is there."""
+    import importlib.util
+
+    prefix = "postgresql://"
+    if (url.startswith(prefix) and importlib.util.find_spec("psycopg") is None
+            and importlib.util.find_spec("psycopg2") is not None):
+        return "postgresql+psycopg2://" + url[len(prefix):]
+    return url

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,41 @@ def tiny_imagefolder(tmp_path_factory) -> Path:
                 pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
                 Image.fromarray(pixels).save(folder / f"{i}.png")
     return root
+
+
+@pytest.fixture
+def postgres_databases():
+    """Makes fresh databases on the local PostgreSQL (127.0.0.1:5432, trust auth); all of them
+    are dropped afterwards. Skips when the server is down, but fails under CI=true."""
+    psycopg2 = pytest.importorskip("psycopg2")
+    try:
+        admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres",
+                                 connect_timeout=3)
+    except psycopg2.OperationalError as e:
+        message = f"PostgreSQL is not reachable at 127.0.0.1:5432: {e}".strip()
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; CI=true, so a missing service must not pass as a skip")
+        pytest.skip(message)
+    admin.autocommit = True
+    made: list[str] = []
+
+    def new() -> str:
+        name = f"accel_test_{uuid.uuid4().hex[:10]}"
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name}")
+        made.append(name)
+        return name
+
+    try:
+        yield new
+    finally:
+        with admin.cursor() as cur:
+            for name in made:
+                cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
+
+
+@pytest.fixture
+def postgres_url(postgres_databases) -> str:
+    """A fresh database's URL (no password: trust auth)."""
+    return f"postgresql://postgres@127.0.0.1:5432/{postgres_databases()}"

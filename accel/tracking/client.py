@@ -15,7 +15,7 @@ from typing import Any
 
 from accel.config import Config, param_text
 from accel.errors import ConfigError
-from accel.uris import redact, resolve_uri, sqlite_path
+from accel.uris import redact, resolve_uri, sqlite_path, with_driver
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
 PARAMS_PER_BATCH = 100  # MLflow takes at most 100 params per log_batch
@@ -40,7 +40,7 @@ class Tracker:
             )
         else:
             self.artifact_root = None  # a server or database decides where artifacts go
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = MlflowClient(tracking_uri=with_driver(self.uri))
 
     def experiment_id(self, name: str) -> str:
         """The experiment called `name`, created if missing (safe when two processes race)."""

@@ -16,6 +16,12 @@ SIBLING_SUFFIX = "-reproduced"
 PROBE_TIMEOUT_S = 10.0
 
 
+def check_reachable(uri: str) -> None:
+    """An MLflow server that does not answer fails now, in seconds, with one redacted line."""
+    if uri.startswith(("http://", "https://")):
+        _probe_server(uri)
+
+
 def open_store(uri: str | None) -> Tracker:
     """A Tracker on an existing store; a missing or unreachable store is a ConfigError."""
     uri = resolve_uri(uri)
@@ -26,8 +32,7 @@ def open_store(uri: str | None) -> Tracker:
             f"no MLflow store at {db} (from --tracking-uri {redact(uri)}); "
             "give the sqlite:///path/to/mlflow.db that holds the run"
         )
-    if uri.startswith(("http://", "https://")):
-        _probe_server(uri)
+    check_reachable(uri)
     return Tracker(uri)
 
 
@@ -36,11 +41,13 @@ def _probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     import urllib.error
     import urllib.request
 
+    parts = urlparse(uri)
+    bare = parts._replace(netloc=parts.netloc.rpartition("@")[2])  # /health needs no login
     try:
-        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
+        urllib.request.urlopen(f"{bare.geturl().rstrip('/')}/health", timeout=timeout_s).close()
     except urllib.error.HTTPError:
         pass  # the server answered, even if not with 200: it is reachable
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise ConfigError(f"cannot reach the MLflow server at {redact(uri)}: {reason}") from None
 

@@ -5,6 +5,7 @@
 - `study`      sampler, pruner, and `prepare` (the study and its MLflow parent run, made once)
 - `objective`  one trial = one `train()` run, closed in MLflow whatever its outcome
 - `workers`    the worker loop, worker processes, Ctrl-C, closing orphaned trials
+- `nodes`      which invocations work on a study (leases), so the last one finishes its parent run
 - `tracking`   the MLflow side: parent run, child runs, trials.csv, Optuna's plots
 - `commands`   `accel tune` and `accel best`
 """

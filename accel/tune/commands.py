@@ -12,10 +12,10 @@ from accel.config import Config, ConfigError
 from accel.console import note, progress, quiet_libraries
 from accel.tracking import retry_locked, tracker_for
 from accel.tune import tracking as st
-from accel.tune.storage import DEFAULT_STORAGE, is_journal, open_storage
+from accel.tune.nodes import NodeLease, live_nodes
+from accel.tune.storage import default_storage, is_journal, open_storage
 from accel.tune.study import (
     ATTR_DEFINITION,
-    ATTR_INVOCATION,
     ATTR_TRACKING,
     TuneJob,
     check_study_name,
@@ -26,10 +26,11 @@ from accel.uris import DEFAULT_URI, redact, resolve_uri
 
 
 def cli_tune(args, cfg: Config) -> int:
-    """`accel tune`: prepare the study and its parent run, run the trials, close what is left."""
+    """`accel tune`: prepare the study and its parent run, run this node's trials, close what
+    is left; the parent run is finished by the last node to end."""
     n_trials = args.n_trials if args.n_trials is not None else cfg.search.n_trials
-    if n_trials < 1:
-        raise ConfigError(f"--n-trials {n_trials}: must be >= 1")
+    if n_trials < 0:
+        raise ConfigError(f"--n-trials {n_trials}: must be >= 0 (0: create the study only)")
     if args.workers < 1:
         raise ConfigError(f"--workers {args.workers}: must be >= 1")
     if args.timeout is not None and not args.timeout > 0:
@@ -48,39 +49,55 @@ def cli_tune(args, cfg: Config) -> int:
     previous = signal.signal(signal.SIGINT, interrupt_once)
     status, code = "FAILED", 1
     try:
-        code = run_workers(job, n_trials)
-        status = "FINISHED" if code == 0 else "FAILED"
-    except KeyboardInterrupt:
-        status, code = "KILLED", 130
+        status, code = _run_node(study, job, tracker, n_trials)
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the clean-up finish
-        clean_up(study, tracker, job.invocation)
         _finish_parent(tracker, study, job, status)
         signal.signal(signal.SIGINT, previous)
     progress(summary(study, job))
     if status == "KILLED":
         note("interrupted; this run's unfinished trial(s) were marked FAIL (MLflow "
              "KILLED); run the same command again to resume the study")
-    elif code == 0 and not _any_complete(study, job.invocation):
+    elif code == 0 and n_trials and not _any_complete(study, job.invocation):
         code = 1  # every trial of this invocation failed: say so to scripts
     return code
 
 
+def _run_node(study, job: TuneJob, tracker, n_trials: int) -> tuple[str, int]:
+    """This node's trials, under its lease on the study; Ctrl-C ends them cleanly."""
+    status, code = "FAILED", 1
+    with NodeLease(study, job.invocation):
+        try:
+            code = run_workers(job, n_trials) if n_trials else 0
+            status = "FINISHED" if code == 0 else "FAILED"
+        except KeyboardInterrupt:
+            status, code = "KILLED", 130
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the clean-up finish
+            clean_up(study, tracker, job.invocation)
+    return status, code
+
+
 def _finish_parent(tracker, study, job: TuneJob, status: str) -> None:
+    """Update the parent run; end it unless another node still works on the study."""
     try:
         st.update_parent(tracker, study, job.parent_run_id, plots=True)
     finally:
-        retry_locked(tracker.end_run, job.parent_run_id, status)
+        others = live_nodes(study, exclude=job.invocation)
+        if others:
+            note(f"the study's parent run stays RUNNING: {len(others)} other node(s) still "
+                 "work on the study; the last one to end finishes it")
+        else:
+            retry_locked(tracker.end_run, job.parent_run_id, status)
 
 
 def _any_complete(study, invocation: str) -> bool:
-    return any(t.user_attrs.get(ATTR_INVOCATION) == invocation
+    return any(t.user_attrs.get(st.ATTR_INVOCATION) == invocation
                for t in study.get_trials(deepcopy=False, states=st.complete_states()))
 
 
 def summary(study, job: TuneJob) -> str:
     mine = [t for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get(ATTR_INVOCATION) == job.invocation]
+            if t.user_attrs.get(st.ATTR_INVOCATION) == job.invocation]
     counts = {s: sum(t.state.name == s for t in mine) for s in ("COMPLETE", "PRUNED", "FAIL")}
     best = st.best_trial(study)
     best_text = (f"best {job.cfg.search.metric}={best.value:.4f} (trial {best.number})"
@@ -92,7 +109,7 @@ def summary(study, job: TuneJob) -> str:
 
 
 def _storage_flag(storage: str) -> str:
-    return "" if storage == DEFAULT_STORAGE else f" --storage {shlex.quote(redact(storage))}"
+    return "" if storage == default_storage() else f" --storage {shlex.quote(redact(storage))}"
 
 
 def load_existing_study(name: str, storage_url: str | None):
@@ -100,7 +117,7 @@ def load_existing_study(name: str, storage_url: str | None):
     import optuna
 
     check_study_name(name)
-    storage_url = storage_url or DEFAULT_STORAGE
+    storage_url = storage_url or default_storage()
     if is_journal(storage_url) and not Path(storage_url).is_file():
         raise ConfigError(f"no Optuna storage at {storage_url}: run `accel tune` first, or "
                           "pass --storage")

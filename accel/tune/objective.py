@@ -14,7 +14,7 @@ from accel.errors import describe_error, one_line
 from accel.tracking import retry_locked, tracker_for
 from accel.tune import tracking as st
 from accel.tune.space import trial_config
-from accel.tune.study import ATTR_HOST, ATTR_INVOCATION, ATTR_PID, TuneJob
+from accel.tune.study import TuneJob
 
 
 class Objective:
@@ -34,9 +34,9 @@ class Objective:
         from accel.train import train
 
         job = self.job
-        trial.set_user_attr(ATTR_INVOCATION, job.invocation)
-        trial.set_user_attr(ATTR_HOST, socket.gethostname())
-        trial.set_user_attr(ATTR_PID, os.getpid())
+        trial.set_user_attr(st.ATTR_INVOCATION, job.invocation)
+        trial.set_user_attr(st.ATTR_HOST, socket.gethostname())
+        trial.set_user_attr(st.ATTR_PID, os.getpid())
         state, run_id, error, interrupted = "FAIL", None, None, False
         try:
             cfg = trial_config(job.cfg, job.dims, trial)

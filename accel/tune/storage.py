@@ -4,19 +4,41 @@ worker that died is failed and queued again with the same values."""
 
 from __future__ import annotations
 
+import os
+import random
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from accel.errors import ConfigError, one_line
 from accel.tracking import tracker_for
-from accel.tune.tracking import close_trial_run
-from accel.uris import DEFAULT_STORAGE, redact, sqlite_path
+from accel.tune.tracking import close_dead_trial
+from accel.uris import DEFAULT_STORAGE, redact, sqlite_path, with_driver
 
-__all__ = ["DEFAULT_STORAGE", "RetryStaleTrial", "is_journal", "open_storage"]
+__all__ = ["DEFAULT_STORAGE", "RetryStaleTrial", "default_storage", "is_journal",
+           "open_storage"]
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
 # RDB storages: a RUNNING trial whose worker sent no heartbeat for GRACE_S seconds is stale (the
 # worker died); it is marked FAIL and its params are queued again, at most MAX_RETRY times.
+# $ACCEL_HEARTBEAT_S and $ACCEL_GRACE_S override the two (every node of a study should agree).
 HEARTBEAT_S, GRACE_S, MAX_RETRY = 30, 120, 2
+# Nodes that start together on a fresh database all create Optuna's tables at once; the losers
+# of that race get a unique-violation error and simply try again.
+CREATE_ATTEMPTS = 5
+
+
+def default_storage() -> str:
+    """$ACCEL_STORAGE (a URL with a password stays out of argv), else the journal file."""
+    return os.environ.get("ACCEL_STORAGE") or DEFAULT_STORAGE
+
+
+def heartbeat_s() -> float:
+    return float(os.environ.get("ACCEL_HEARTBEAT_S", HEARTBEAT_S))
+
+
+def grace_s() -> float:
+    return float(os.environ.get("ACCEL_GRACE_S", GRACE_S))
 
 
 def is_journal(url: str) -> bool:
@@ -42,22 +64,30 @@ def open_storage(url: str, on_stale=None):
     db = sqlite_path(url)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return optuna.storages.RDBStorage(_with_driver(url), heartbeat_interval=HEARTBEAT_S,
-                                          grace_period=GRACE_S,
-                                          heartbeat_stale_trial_callback=on_stale)
-    except Exception as e:  # unreachable server, unknown database, missing driver
-        raise ConfigError(f"cannot open Optuna storage {redact(url)}: {one_line(e)}") from None
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    with_driver(url), heartbeat_interval=int(heartbeat_s()),
+                    grace_period=int(grace_s()), heartbeat_stale_trial_callback=on_stale,
+                    # A connection the server closed while a long trial ran is replaced, not used.
+                    engine_kwargs={"pool_pre_ping": True},
+                )
+        except Exception as e:  # unreachable server, unknown database, missing driver
+            if _lost_creation_race(e) and attempt < CREATE_ATTEMPTS - 1:
+                time.sleep(0.2 * 2**attempt * (1 + random.random()))
+                continue
+            raise ConfigError(f"cannot open Optuna storage {redact(url)}: {one_line(e)}") from None
+    raise AssertionError("unreachable")
 
 
-def _with_driver(url: str) -> str:
-    """SQLAlchemy 2.1 reads `postgresql://` as psycopg 3; use psycopg2 where only it is there."""
-    import importlib.util
+def _lost_creation_race(error: Exception) -> bool:
+    """Another process created the same table or type a moment earlier."""
+    from sqlalchemy import exc
 
-    if (url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None
-            and importlib.util.find_spec("psycopg2") is not None):
-        return "postgresql+psycopg2://" + url[len("postgresql://"):]
-    return url
+    return isinstance(error, exc.IntegrityError | exc.ProgrammingError) and any(
+        text in str(error) for text in ("already exists", "UniqueViolation", "duplicate key"))
 
 
 @dataclass
@@ -75,5 +105,6 @@ class RetryStaleTrial:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)
             RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(study, trial)
-        close_trial_run(tracker_for(self.tracking_uri), study.study_name, trial.number,
-                        "FAIL", "worker stopped sending heartbeats; the trial is queued again")
+        close_dead_trial(tracker_for(self.tracking_uri), study, trial,
+                         "its worker stopped sending heartbeats; the trial is queued again",
+                         interrupted=False)

@@ -10,22 +10,24 @@ from __future__ import annotations
 import copy
 import os
 import re
+import time
 import uuid
 from dataclasses import dataclass
 
 from accel.config import Config, ConfigError
 from accel.tracking import Tracker
+from accel.tracking.store import check_reachable
 from accel.tune import tracking as st
 from accel.tune.space import Dim, check_same_study, check_search, definition, get_key
-from accel.tune.storage import DEFAULT_STORAGE, RetryStaleTrial, open_storage
+from accel.tune.storage import RetryStaleTrial, default_storage, open_storage
 from accel.uris import redact, resolve_uri
 
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # safe in MLflow filters and paths
 # Study user attrs.
 ATTR_DEFINITION = "accel.definition"
 ATTR_TRACKING = "accel.tracking_uri"
-# Trial user attrs.
-ATTR_INVOCATION, ATTR_HOST, ATTR_PID = "accel.invocation", "accel.host", "accel.pid"
+# A node that loads a study another node is creating waits this long for it to be set up.
+SETUP_WAIT_S = 60.0
 
 
 def build_sampler(name: str, seed: int):
@@ -84,30 +86,49 @@ def check_study_name(name: str) -> str:
 
 
 def open_study(cfg: Config, dims: list[Dim], name: str, storage):
-    """Create the study, or load it and check it is the same study (ConfigError if not)."""
+    """Create the study, or load it and check it is the same study (ConfigError if not).
+
+    Returns (study, created). Only the process that created the study sets it up (parent run,
+    baseline trial, definition: see `prepare`); one that loads a study being set up by another
+    node waits until the definition, written last, is there."""
     import optuna
 
-    study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
-                                direction=cfg.search.direction)
+    try:
+        study = optuna.create_study(study_name=name, storage=storage,
+                                    direction=cfg.search.direction)
+        return study, True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=name, storage=storage)
     wanted = definition(cfg, dims)
-    stored = study.user_attrs.get(ATTR_DEFINITION)
-    if stored is None:  # new, or made outside accel: it takes this definition
+    stored = _wait_for_definition(study)
+    if stored is None:  # made outside accel (or its creator died): it takes this definition
         stored = {**wanted, "direction": study.direction.name.lower()}
         check_same_study(name, stored, wanted)
         study.set_user_attr(ATTR_DEFINITION, wanted)
     check_same_study(name, stored, wanted)
-    return study
+    return study, False
+
+
+def _wait_for_definition(study, timeout_s: float = SETUP_WAIT_S) -> dict | None:
+    deadline = time.monotonic() + timeout_s
+    while (stored := study.user_attrs.get(ATTR_DEFINITION)) is None:
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
+    return stored
 
 
 def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
             tracking_uri: str | None = None):
-    """Study and parent run, made once in the main process before any worker starts.
+    """Study and parent run, made once before any worker (or any other node) runs a trial.
 
-    Bad input fails first and cheaply (space, storage URL, conflicting study, model name), before
-    the MLflow store is touched. Returns (optuna study, TuneJob); the MLflow store and experiment
-    exist afterwards, so worker processes never race to create them."""
+    Bad input fails first and cheaply (space, model name, storage URL, MLflow store, conflicting
+    study). The process that creates the study makes the parent run, queues the baseline trial
+    and writes the definition, in that order, so other nodes find all three. Returns (optuna
+    study, TuneJob)."""
     check_study_name(study_name)
     dims = check_search(cfg)
+    _check_model_names(cfg, dims)
     cfg = copy.deepcopy(cfg)
     if tracking_uri:
         cfg.tracking.uri = tracking_uri
@@ -117,19 +138,19 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
         # Every trial logs its config as params: a password travels in the environment instead.
         os.environ["MLFLOW_TRACKING_URI"] = uri
         cfg.tracking.uri = None
-    storage_url = storage_url or DEFAULT_STORAGE
-    study = open_study(cfg, dims, study_name,
-                       open_storage(storage_url, on_stale=RetryStaleTrial(uri)))
-    _check_model_names(cfg, dims)
-    tracker = Tracker(uri)
-    parent = st.ensure_parent_run(tracker, study, cfg, storage_url)
-    if not study.trials:
+    check_reachable(uri)
+    storage_url = storage_url or default_storage()
+    study, created = open_study(cfg, dims, study_name,
+                                open_storage(storage_url, on_stale=RetryStaleTrial(uri)))
+    parent = st.ensure_parent_run(Tracker(uri), study, cfg, storage_url)
+    if created:
         enqueue_baseline(study, cfg, dims)
+        study.set_user_attr(ATTR_DEFINITION, definition(cfg, dims))
     if redact(uri) == uri:  # `accel best` finds the runs there; a password is never stored
         study.set_user_attr(ATTR_TRACKING, uri)
     job = TuneJob(cfg=cfg, dims=dims, study=study_name, storage=storage_url, tracking_uri=uri,
-                 parent_run_id=parent, invocation=uuid.uuid4().hex[:12],
-                 seed=worker_seed(cfg.train.seed, len(study.trials), 0))
+                  parent_run_id=parent, invocation=uuid.uuid4().hex[:12],
+                  seed=worker_seed(cfg.train.seed, len(study.trials), 0))
     return study, job
 
 

@@ -22,7 +22,9 @@ PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
 # Drawing the plots takes seconds on a CPU (PNG rendering): after a trial they are redrawn when
 # this process last drew them PLOT_EVERY_S ago; the end of every `accel tune` always redraws them.
 PLOT_EVERY_S = 60.0
-ATTR_RUN, ATTR_ERROR = "mlflow_run_id", "accel.error"  # trial user attrs
+# Trial user attrs: its MLflow run, its error, and who runs it (the invocation, host and pid).
+ATTR_RUN, ATTR_ERROR = "mlflow_run_id", "accel.error"
+ATTR_INVOCATION, ATTR_HOST, ATTR_PID = "accel.invocation", "accel.host", "accel.pid"
 ATTR_PARENT = "accel.parent_run_id"  # study user attr
 MAX_TAG_CHARS = 500  # of an error kept in a tag or a trial attr
 
@@ -38,7 +40,9 @@ def search_runs(tracker, study: str, filters: str) -> list:
 
 
 def parent_runs(tracker, study: str) -> list[str]:
-    return [r.info.run_id for r in search_runs(tracker, study, "tags.`accel.role` = 'study'")]
+    """The study's parent runs, earliest first (ties broken by run id: every node agrees)."""
+    runs = search_runs(tracker, study, "tags.`accel.role` = 'study'")
+    return [r.info.run_id for r in sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))]
 
 
 def find_trial_run(tracker, study: str, number: int) -> str | None:
@@ -48,7 +52,8 @@ def find_trial_run(tracker, study: str, number: int) -> str | None:
 
 
 def ensure_parent_run(tracker, study, cfg: Config, storage_url: str) -> str:
-    """The study's one parent run: found again on resume, created once otherwise."""
+    """The study's one parent run: found again on resume, created once otherwise (by the node
+    that created the study; `prepare` makes other nodes wait until the study is set up)."""
     run_id = study.user_attrs.get(ATTR_PARENT)
     if run_id and run_id not in parent_runs(tracker, study.study_name):
         run_id = None  # deleted, or this is another MLflow store
@@ -104,6 +109,24 @@ def close_trial_run(tracker, study: str, number: int, state: str, error: str | N
     if retry_locked(tracker.client.get_run, run_id).info.status != status:
         retry_locked(tracker.end_run, run_id, status)
     return run_id
+
+
+def close_dead_trial(tracker, study, trial, message: str, *, interrupted: bool) -> str | None:
+    """Close the MLflow run of a trial whose process is gone (or was interrupted). A trial that
+    died before `train()` opened its run gets one here, with its searched values as params, so
+    every trial has exactly one run."""
+    def open_run() -> str:
+        run_id = retry_locked(
+            tracker.start_run, study.study_name, trial_run_name(trial.number),
+            tags=trial_tags(study.study_name, trial.number,
+                            trial.user_attrs.get(ATTR_INVOCATION, "")),
+            parent_run_id=study.user_attrs.get(ATTR_PARENT))
+        retry_locked(tracker.log_params, run_id, trial.params)
+        return run_id
+
+    return close_trial_run(tracker, study.study_name, trial.number, "FAIL", message,
+                           run_id=trial.user_attrs.get(ATTR_RUN), interrupted=interrupted,
+                           open_run=open_run)
 
 
 # --- what the study's parent run shows ---------------------------------------------------------

@@ -21,12 +21,10 @@ from accel.console import progress, quiet_libraries, warn
 from accel.errors import one_line
 from accel.tracking import retry_locked
 from accel.tune import tracking as st
+from accel.tune.nodes import process_alive
 from accel.tune.objective import Objective
 from accel.tune.storage import RetryStaleTrial, open_storage
 from accel.tune.study import (
-    ATTR_HOST,
-    ATTR_INVOCATION,
-    ATTR_PID,
     TuneJob,
     build_pruner,
     build_sampler,
@@ -185,23 +183,23 @@ def _stop(procs, wait_s: float = 60.0) -> None:
 
 
 def clean_up(study, tracker, invocation: str | None) -> int:
-    """Mark RUNNING trials FAIL (and their MLflow runs KILLED): those of this invocation after
-    Ctrl-C, or, with `invocation=None`, those whose process on this host is gone (a killed run
-    on a journal storage, which has no heartbeats). Returns how many were closed."""
+    """Mark RUNNING trials FAIL: those of this invocation after Ctrl-C (their MLflow runs
+    KILLED: stopped by the user), or, with `invocation=None`, those whose process on this host
+    is gone (a killed run on a journal storage, which has no heartbeats; MLflow FAILED, as a
+    dead worker's trial on a database storage). Returns how many were closed."""
     from optuna.trial import TrialState
 
     closed = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if invocation is not None:
-            if t.user_attrs.get(ATTR_INVOCATION) != invocation:
+            if t.user_attrs.get(st.ATTR_INVOCATION) != invocation:
                 continue
         elif not _orphaned(t):
             continue
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         try:
-            st.close_trial_run(tracker, study.study_name, t.number, "FAIL",
-                               "interrupted" if invocation else "its worker process is gone",
-                               run_id=t.user_attrs.get(st.ATTR_RUN), interrupted=True)
+            st.close_dead_trial(tracker, study, t, "interrupted" if invocation else
+                                "its worker process is gone", interrupted=invocation is not None)
         except Exception as e:
             warn(f"trial {t.number}: {one_line(e)}")
         closed += 1
@@ -215,15 +213,7 @@ def clean_up(study, tracker, invocation: str | None) -> int:
 
 
 def _orphaned(trial) -> bool:
-    if trial.user_attrs.get(ATTR_HOST) != socket.gethostname():
-        return False
-    pid = trial.user_attrs.get(ATTR_PID)
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    """A trial of a process on this host that no longer exists."""
+    pid = trial.user_attrs.get(st.ATTR_PID)
+    return (trial.user_attrs.get(st.ATTR_HOST) == socket.gethostname() and isinstance(pid, int)
+            and not process_alive(pid))

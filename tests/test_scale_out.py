@@ -1,0 +1,313 @@
+"""The docker/ stack without docker: the compose files against the Compose specification's
+schema, and the services' own commands, read from docker/compose.yaml, run as native processes:
+`mlflow server` on a PostgreSQL backend and two `accel tune` nodes on one study (PostgreSQL
+storage), started together on a fresh database, then one of them killed mid-trial."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+DOCKER = ROOT / "docker"
+COMPOSE = DOCKER / "compose.yaml"
+BIN = Path(sys.executable).parent
+PASSWORD = "pl4nted-s3cret"  # trust auth accepts any password: it is here to be looked for
+# A few-second trial: like tests/test_search.py's TINY (digits, test_resnet, CPU).
+TINY = {
+    "data": {"dataset": "digits", "num_workers": 0, "val_fraction": 0.05},
+    "model": {"name": "test_resnet", "img_size": 16},
+    "train": {"epochs": 2, "epoch_length": 3, "batch_size": 16, "device": "cpu", "amp": "off",
+              "lr": 3.0e-3},
+    "search": {"pruner": "none", "space": {
+        "train.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}}},
+}
+
+
+# --- the files ------------------------------------------------------------------------------
+
+
+def test_compose_files_follow_the_compose_specification(tmp_path):
+    files = [DOCKER / "compose.yaml", DOCKER / "compose.gpu.yaml"]
+    check = [str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec"]
+    proc = subprocess.run([*check, *map(str, files)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    typo = tmp_path / "compose.yaml"  # the schema is strict: a misspelt key is caught
+    typo.write_text(COMPOSE.read_text().replace("depends_on:", "depend_on:", 1))
+    assert subprocess.run([*check, str(typo)], capture_output=True).returncode != 0
+
+
+def test_compose_stack_reads_like_a_recipe():
+    stack = yaml.safe_load(COMPOSE.read_text())
+    services = stack["services"]
+    assert set(services) == {"db", "mlflow", "study", "worker", "dashboard"}
+    assert "pg_isready" in " ".join(services["db"]["healthcheck"]["test"])
+    assert services["mlflow"]["depends_on"]["db"]["condition"] == "service_healthy"
+    assert "/health" in " ".join(services["mlflow"]["healthcheck"]["test"])
+    assert {"--artifacts-destination", "--allowed-hosts"} <= set(services["mlflow"]["command"])
+    assert services["study"]["depends_on"]["mlflow"]["condition"] == "service_healthy"
+    assert services["study"]["command"][-2:] == ["--n-trials", "0"]  # creates, runs nothing
+    assert services["worker"]["depends_on"]["study"]["condition"] == (
+        "service_completed_successfully")
+    assert services["dashboard"]["profiles"] == ["dashboard"]
+    gpu = yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())
+    device = gpu["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device["driver"] == "nvidia" and device["count"] == 1
+    # Credentials come from docker/.env (ignored by git); no tracked file holds a password.
+    example = dict(line.split("=", 1) for line in (DOCKER / ".env.example").read_text()
+                   .splitlines() if "=" in line and not line.startswith("#"))
+    assert example["POSTGRES_PASSWORD"] == ""
+    assert "docker/.env" in (ROOT / ".gitignore").read_text().splitlines()
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=" in dockerfile and re.search(r"^USER (?!root)\w+", dockerfile, re.M)
+    assert 'pip install ".' in dockerfile and "-e " not in dockerfile
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {"mlruns", ".venv", "data"} <= set(ignored)
+
+
+def test_nodes_starting_together_on_a_fresh_database_all_open_the_storage(postgres_url):
+    """Three processes create Optuna's tables at once; the losers of that race retry."""
+    code = ("import sys; from accel.tune import open_storage; open_storage(sys.argv[1]); "
+            "print('opened')")
+    procs = [subprocess.Popen([sys.executable, "-c", code, postgres_url], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-1500:] for _, err in outs]
+    assert [out.strip() for out, _ in outs] == ["opened"] * 3
+
+
+# --- the services' commands, natively -----------------------------------------------------------
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's `${VAR}`, `${VAR:-default}` and `$$`."""
+    def value(match: re.Match) -> str:
+        name, default = match.group(1), match.group(3)
+        return env.get(name) or (default if default is not None else "")
+
+    text = re.sub(r"\$\{(\w+)(:-([^}]*))?\}", value, text)
+    return text.replace("$$", "$")
+
+
+class Stack:
+    """docker/compose.yaml's services as native processes: same commands and environment, with
+    the service names, ports and volumes of the stack replaced by local ones."""
+
+    def __init__(self, tmp: Path, mlflow_db: str, optuna_db: str, port: int, env: dict):
+        self.services = yaml.safe_load(COMPOSE.read_text())["services"]
+        self.env = env  # what docker/.env would hold
+        self.port = port
+        self.replace = {
+            "@db:5432/mlflow": f"@127.0.0.1:5432/{mlflow_db}",
+            "@db:5432/optuna": f"@127.0.0.1:5432/{optuna_db}",
+            "http://mlflow:5000": f"http://127.0.0.1:{port}",
+            "0.0.0.0": "127.0.0.1",
+            "/mlflow-artifacts": str(tmp / "artifacts"),
+        }
+        self.cwd = tmp
+        self.procs: list[subprocess.Popen] = []
+
+    def _local(self, text: str, env: dict[str, str]) -> str:
+        text = interpolate(str(text), env)
+        for old, new in self.replace.items():
+            text = text.replace(old, new)
+        return str(self.port) if text == "5000" else text
+
+    def command(self, service: str, **env) -> tuple[list[str], dict[str, str]]:
+        """The service's argv and environment; `env` adds to what docker/.env would hold."""
+        spec, dotenv = self.services[service], {**self.env, **env}
+        argv = [self._local(a, dotenv) for a in spec["command"]]
+        if argv[0] in ("accel", "mlflow"):
+            argv = [sys.executable, "-m", argv[0], *argv[1:]]
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ACCEL_"))}
+        environ.update(dotenv)  # env_file: .env
+        environ.update({k: self._local(v, dotenv) for k, v in spec.get("environment", {}).items()})
+        return argv, environ
+
+    def start(self, service: str, log: Path, **env) -> subprocess.Popen:
+        """The service's process in its own session (its whole group is stopped at the end)."""
+        argv, environ = self.command(service, **env)
+        out = log.open("w")
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=environ, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc.log = log
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with _suppress():
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with _suppress():
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        return kind is ProcessLookupError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.log.read_text()[-3000:]
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2).close()
+            return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"mlflow server not healthy after {timeout} s")
+
+
+@pytest.fixture
+def stack(tmp_path, postgres_databases):
+    exp = copy.deepcopy(TINY)
+    exp["name"] = "nodes"
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(exp, sort_keys=False))
+    env = {"POSTGRES_USER": "postgres", "POSTGRES_PASSWORD": PASSWORD, "ACCEL_STUDY": "nodes",
+           "ACCEL_CONFIG": str(tmp_path / "nodes.yaml")}
+    s = Stack(tmp_path, postgres_databases(), postgres_databases(), free_port(), env)
+    # The job runner of `mlflow server` (GenAI jobs) is not needed and would take a core.
+    server = s.start("mlflow", tmp_path / "mlflow.log", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    s.url = f"http://127.0.0.1:{s.port}"
+    try:
+        wait_healthy(s.url, server)
+        yield s
+    finally:
+        s.stop()
+
+
+def run_accel(stack: Stack, *args: str, timeout: int = 300, **env) -> subprocess.CompletedProcess:
+    """An `accel` command as a user on a node runs it (the worker service's environment)."""
+    _, environ = stack.command("worker", **env)
+    return subprocess.run([sys.executable, "-m", "accel", *args], cwd=stack.cwd, env=environ,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def load_study(stack: Stack):
+    import optuna
+
+    from accel.tune import open_storage
+
+    _, environ = stack.command("worker")
+    return optuna.load_study(study_name="nodes", storage=open_storage(environ["ACCEL_STORAGE"]))
+
+
+def study_runs(client, role: str | None = None) -> list:
+    exp = client.get_experiment_by_name("nodes")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    return [r for r in runs if role is None or r.data.tags.get("accel.role") == role]
+
+
+def finished(proc: subprocess.Popen, timeout: float = 600) -> int:
+    code = proc.wait(timeout=timeout)
+    assert code == 0, proc.log.read_text()[-3000:]
+    return code
+
+
+def test_two_nodes_on_one_study_through_the_tracking_server(stack, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(stack.url)
+    # A run id inherited from the environment must not redirect any of accel's runs.
+    decoy = client.create_run(client.create_experiment("decoy")).info.run_id
+    node = {"OMP_NUM_THREADS": "1", "ACCEL_HEARTBEAT_S": "1", "ACCEL_GRACE_S": "6",
+            "MLFLOW_RUN_ID": decoy}
+    # Two nodes started together on a fresh storage: both race to create tables and study.
+    a = stack.start("worker", tmp_path / "a.log", ACCEL_TRIALS="5", **node)
+    b = stack.start("worker", tmp_path / "b.log", ACCEL_TRIALS="1", **node)
+    finished(b)
+    assert a.poll() is None, "node a should still be running its trials"
+    [parent] = study_runs(client, "study")
+    assert parent.info.status == "RUNNING", "a node ended while another still runs"
+    finished(a)
+
+    study = load_study(stack)
+    trials = study.trials
+    assert len(trials) == 6 and all(t.state.name == "COMPLETE" for t in trials)
+    assert sum(bool(t.user_attrs.get("accel.baseline")) for t in trials) == 1
+    assert len({t.user_attrs["accel.pid"] for t in trials}) == 2, "both nodes ran trials"
+    [parent] = study_runs(client, "study")
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["n_complete"] == 6
+    assert parent.data.metrics["best_value"] == study.best_value
+    children = study_runs(client, "trial")
+    assert sorted(int(r.data.tags["optuna.trial_number"]) for r in children) == list(range(6))
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
+    for run in children:  # artifacts live behind the server, readable from any machine
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:"), run.info.artifact_uri
+        path = client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))
+        assert "test_resnet" in Path(path).read_text()
+    assert not [r for r in study_runs(client) if r.info.status == "RUNNING"]
+    assert client.get_run(decoy).data.params == {} and not client.get_run(decoy).data.metrics
+
+    best = run_accel(stack, "best", "--study", "nodes")
+    assert best.returncode == 0, best.stderr[-2000:]
+    command = next(line for line in best.stdout.splitlines() if line.startswith("reproduce:"))
+    rerun = run_accel(stack, *command.split()[2:], OMP_NUM_THREADS="1")
+    assert rerun.returncode == 0, rerun.stderr[-2000:] + rerun.stdout
+    assert "config from config.yaml" in rerun.stdout and "(exactly)" in rerun.stdout
+
+    _kill_a_node_mid_trial(stack, client, tmp_path, node)
+
+
+def _kill_a_node_mid_trial(stack: Stack, client, tmp_path: Path, node: dict) -> None:
+    """SIGKILL one of two nodes inside a trial: the survivor fails it (heartbeats) and runs it
+    again with the same values; its MLflow run ends FAILED, as a dead worker's on every storage."""
+    c = stack.start("worker", tmp_path / "c.log", ACCEL_TRIALS="8", **node)
+    d = stack.start("worker", tmp_path / "d.log", ACCEL_TRIALS="3", **node)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        running = [t for t in load_study(stack).trials
+                   if t.state.name == "RUNNING" and t.user_attrs.get("accel.pid") == d.pid]
+        if running:
+            break
+        assert d.poll() is None, d.log.read_text()[-3000:]
+        time.sleep(0.3)
+    else:
+        raise AssertionError("node d never started a trial")
+    os.killpg(d.pid, signal.SIGKILL)
+    d.wait()
+    finished(c)
+
+    study = load_study(stack)
+    dead = study.trials[running[0].number]
+    assert dead.state.name == "FAIL"
+    [retried] = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert retried.state.name == "COMPLETE" and retried.params == dead.params
+    assert retried.user_attrs["accel.pid"] == c.pid
+    runs = {r.data.tags["optuna.trial_number"]: r for r in study_runs(client, "trial")}
+    assert runs[str(dead.number)].info.status == "FAILED"
+    assert runs[str(dead.number)].data.tags["optuna.trial_state"] == "FAIL"
+    assert len(runs) == len(study.trials)  # each trial exactly one run
+    [parent] = study_runs(client, "study")
+    assert parent.info.status == "FINISHED"
+    assert not [r for r in study_runs(client) if r.info.status == "RUNNING"]
+    assert not [t for t in study.trials if t.state.name in ("RUNNING", "WAITING")]
