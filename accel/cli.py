@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from accel import signals
 from accel.config import DEFAULT_CONFIG, Config
 from accel.errors import ConfigError, NonFiniteLoss
 from accel.uris import DEFAULT_STORAGE, DEFAULT_URI, with_driver
@@ -177,17 +178,21 @@ def main(argv: list[str] | None = None) -> int:
     # where accel's results go; accel names its runs itself.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     quiet_libraries()
+    previous = signals.handle_stops()  # Ctrl-C and SIGTERM end the running work KILLED
     try:
         return args.func(args) or 0
     except ConfigError as e:
         print(f"accel: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("accel: interrupted; the run was marked KILLED", file=sys.stderr)
-        return 130
+        print(f"accel: stopped by {signals.stopped_by()}; the running MLflow run was marked "
+              "KILLED", file=sys.stderr)
+        return signals.exit_code()
     except NonFiniteLoss as e:
         print(f"accel: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        signals.restore(previous)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@ AMP_MODES = ("off", "auto", "bf16", "fp16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULERS = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
+METRICS = ("val_accuracy", "val_loss", "val_f1")  # what the evaluator reports after every epoch
+DIRECTIONS = ("maximize", "minimize")
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("median", "hyperband", "none")
 DEFAULT_CONFIG = Path("experiments/quickstart.yaml")
 SPACE_KEY = "search.space"  # a mapping of dotted keys: flattened into params, rebuilt below
 # Params a run logs beside the config keys: derived values, not settings to rebuild.
@@ -136,10 +140,6 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _is_section(tp: Any) -> bool:
-    return dataclasses.is_dataclass(tp)
-
-
 def _base_type(tp: Any) -> tuple[Any, bool]:
     """`int | None` -> (int, True); `float` -> (float, False)."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
@@ -206,7 +206,7 @@ def _type_name(tp: Any) -> str:
 def _keys(cls: type, prefix: str = "") -> list[str]:
     keys = []
     for name, tp in _hints(cls).items():
-        if _is_section(tp):
+        if dataclasses.is_dataclass(tp):
             keys += _keys(tp, f"{prefix}{name}.")
         else:
             keys.append(f"{prefix}{name}")
@@ -231,7 +231,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         if key not in hints:
             raise _unknown_key(dotted)
         tp = hints[key]
-        if _is_section(tp):
+        if dataclasses.is_dataclass(tp):
             if value is None:
                 value = {}
             if not isinstance(value, dict):
@@ -257,7 +257,7 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
             raise _unknown_key(key)
         node = getattr(node, section)
     hints = _hints(type(node)) if dataclasses.is_dataclass(node) else {}
-    if leaf not in hints or _is_section(hints[leaf]):
+    if leaf not in hints or dataclasses.is_dataclass(hints[leaf]):
         raise _unknown_key(key)
     setattr(node, leaf, coerce(key, value, hints[leaf]))
 
@@ -300,43 +300,43 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not one of: {', '.join(choices)}")
 
 
+def _require(key: str, value: Any, ok: bool, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value}: {rule}")
+
+
 def validate(cfg: Config) -> None:
     """Reject values that would fail later, with the key, the value and what is allowed."""
     d, m, t, s = cfg.data, cfg.model, cfg.train, cfg.search
     _choice("data.dataset", d.dataset, DATASETS)
-    if not 0.0 <= d.val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction={d.val_fraction}: must be in [0, 1)")
-    if d.num_workers < 0:
-        raise ConfigError(f"data.num_workers={d.num_workers}: must be >= 0")
-    if d.train_limit is not None and d.train_limit < 1:
-        raise ConfigError(f"data.train_limit={d.train_limit}: must be >= 1 or null")
+    _require("data.val_fraction", d.val_fraction, 0 <= d.val_fraction < 1, "must be in [0, 1)")
+    _require("data.num_workers", d.num_workers, d.num_workers >= 0, "must be >= 0")
+    _require("data.train_limit", d.train_limit, d.train_limit is None or d.train_limit >= 1,
+             "must be >= 1 or null")
     if not m.name:
         raise ConfigError("model.name is empty: give a timm model name, e.g. resnet18")
-    if m.img_size is not None and m.img_size < 1:
-        raise ConfigError(f"model.img_size={m.img_size}: must be >= 1 or null")
-    if t.epochs < 1:
-        raise ConfigError(f"train.epochs={t.epochs}: must be >= 1")
-    if t.batch_size < 1:
-        raise ConfigError(f"train.batch_size={t.batch_size}: must be >= 1")
-    if t.accumulation_steps < 1:
-        raise ConfigError(f"train.accumulation_steps={t.accumulation_steps}: must be >= 1")
-    if not t.lr > 0:
-        raise ConfigError(f"train.lr={t.lr}: must be > 0")
-    if t.weight_decay < 0:
-        raise ConfigError(f"train.weight_decay={t.weight_decay}: must be >= 0")
-    if t.clip_grad_norm is not None and not t.clip_grad_norm > 0:
-        raise ConfigError(f"train.clip_grad_norm={t.clip_grad_norm}: must be > 0 or null (off)")
-    if t.warmup_epochs < 0:
-        raise ConfigError(f"train.warmup_epochs={t.warmup_epochs}: must be >= 0")
-    if not 0.0 <= t.label_smoothing < 1.0:
-        raise ConfigError(f"train.label_smoothing={t.label_smoothing}: must be in [0, 1)")
-    if t.epoch_length is not None and t.epoch_length < 1:
-        raise ConfigError(f"train.epoch_length={t.epoch_length}: must be >= 1 or null")
-    _choice("train.amp", t.amp, AMP_MODES)
-    _choice("train.optimizer", t.optimizer, OPTIMIZERS)
-    _choice("train.scheduler", t.scheduler, SCHEDULERS)
-    _choice("train.device", t.device, DEVICES)
-    _choice("search.direction", s.direction, ("maximize", "minimize"))
+    _require("model.img_size", m.img_size, m.img_size is None or m.img_size >= 1,
+             "must be >= 1 or null")
+    _require("train.epochs", t.epochs, t.epochs >= 1, "must be >= 1")
+    _require("train.batch_size", t.batch_size, t.batch_size >= 1, "must be >= 1")
+    _require("train.accumulation_steps", t.accumulation_steps, t.accumulation_steps >= 1,
+             "must be >= 1")
+    _require("train.lr", t.lr, t.lr > 0, "must be > 0")
+    _require("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be >= 0")
+    _require("train.clip_grad_norm", t.clip_grad_norm,
+             t.clip_grad_norm is None or t.clip_grad_norm > 0, "must be > 0 or null (off)")
+    _require("train.warmup_epochs", t.warmup_epochs, t.warmup_epochs >= 0, "must be >= 0")
+    _require("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1,
+             "must be in [0, 1)")
+    _require("train.epoch_length", t.epoch_length, t.epoch_length is None or t.epoch_length >= 1,
+             "must be >= 1 or null")
+    for key, value, choices in (
+        ("train.amp", t.amp, AMP_MODES), ("train.optimizer", t.optimizer, OPTIMIZERS),
+        ("train.scheduler", t.scheduler, SCHEDULERS), ("train.device", t.device, DEVICES),
+        ("search.metric", s.metric, METRICS), ("search.direction", s.direction, DIRECTIONS),
+        ("search.sampler", s.sampler, SAMPLERS), ("search.pruner", s.pruner, PRUNERS),
+    ):
+        _choice(key, value, choices)
 
 
 # --- the inverse of Config.flat(): a config from logged params --------------------------------

@@ -8,6 +8,7 @@ our own process function, `UpdateStep`, with the order of operations in plain si
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,9 +96,9 @@ class EpochStats:
     loss_sum: torch.Tensor | float = 0.0
     micro_batches: int = 0
     samples: int = 0
-    updates: int = 0
+    updates: int = 0  # applied updates; their pre-clip norms are summed in grad_norm_sum
     grad_norm_sum: torch.Tensor | float = 0.0
-    skipped_updates: int = 0
+    skipped_updates: int = 0  # fp16: inf/NaN gradients, the optimizer step was skipped
 
     def summary(self) -> dict[str, float]:
         return {
@@ -175,20 +176,23 @@ class UpdateStep:
             self.scaler.unscale_(self.optimizer)  # clip and report true gradient magnitudes
         max_norm = self.clip_grad_norm if self.clip_grad_norm is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # norm before clipping
+        skipped = False
         if self.scaler is not None:
             scale = self.scaler.get_scale()  # a CPU-GPU sync point, fp16 only
             self.scaler.step(self.optimizer)  # skipped when the gradients hold inf/NaN
             self.scaler.update()
-            if self.scaler.get_scale() < scale:
-                self.stats.skipped_updates += 1
+            skipped = self.scaler.get_scale() < scale
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
         self.updates += 1
-        self.stats.updates += 1
-        self.stats.grad_norm_sum += grad_norm.detach()
+        if skipped:  # its inf/NaN norm says nothing about the gradients that were applied
+            self.stats.skipped_updates += 1
+        else:
+            self.stats.updates += 1
+            self.stats.grad_norm_sum += grad_norm.detach()
         out = {"grad_norm": grad_norm.detach()}
         if self.scaler is not None:
             out["loss_scale"] = torch.tensor(self.scaler.get_scale())
@@ -210,14 +214,28 @@ def move_batch(batch, device: torch.device, non_blocking: bool, channels_last: b
     return x, y.to(device, non_blocking=non_blocking)
 
 
-def create_trainer(step: UpdateStep) -> Engine:
-    """The Ignite engine around `step`, stopping on a NaN/inf loss (checked once per update)."""
+@functools.cache
+def _terminate_on_nan():
+    """One handler per process: each TerminateOnNan adds a logging handler to one shared logger
+    (its warning then repeats once per run made in the process). accel reports the NaN itself,
+    in one line (NonFiniteLoss), so the handler's own warning is dropped."""
+    import logging
+
     from ignite.handlers import TerminateOnNan
 
+    handler = TerminateOnNan(output_transform=lambda out: out["loss"])
+    handler.logger.handlers.clear()
+    handler.logger.addHandler(logging.NullHandler())
+    handler.logger.propagate = False
+    return handler
+
+
+def create_trainer(step: UpdateStep) -> Engine:
+    """The Ignite engine around `step`, stopping on a NaN/inf loss (checked once per update)."""
     trainer = Engine(step)
     trainer.add_event_handler(
         Events.ITERATION_COMPLETED(event_filter=lambda e, _: "grad_norm" in e.state.output),
-        TerminateOnNan(output_transform=lambda out: out["loss"]),
+        _terminate_on_nan(),
     )
 
     @trainer.on(Events.EPOCH_STARTED)

@@ -19,7 +19,9 @@ import torch
 
 from accel import engine, models
 from accel.config import Config
-from accel.errors import NonFiniteLoss
+from accel.console import warn
+from accel.errors import NonFiniteLoss, one_line
+from accel.tracking import retry_locked
 
 __all__ = ["NonFiniteLoss", "Result", "describe", "train"]
 
@@ -42,6 +44,22 @@ class Result:
     history: list[dict[str, float]] = field(default_factory=list)  # one dict per epoch
     epochs: int = 0  # epochs completed
     wall_time_s: float = 0.0
+    best_epoch: int = 0  # 1-based: the epoch whose weights checkpoint/best.pt holds
+
+    @property
+    def best(self) -> dict[str, float]:
+        """The best epoch's metrics (by search.metric and direction): an Optuna trial's value
+        comes from here, so it and checkpoint/best.pt describe the same weights."""
+        return self.history[self.best_epoch - 1] if self.best_epoch else {}
+
+
+def best_epoch(history: list[dict[str, float]], metric: str, direction: str) -> int:
+    """1-based index of the best epoch; the earliest one wins a tie (as the checkpoint keeps)."""
+    if not history:
+        return 0
+    sign = 1.0 if direction == "maximize" else -1.0
+    best = max(range(len(history)), key=lambda i: (sign * history[i][metric], -i))
+    return best + 1
 
 
 @dataclass
@@ -61,18 +79,27 @@ class Parts:
 
 
 class RunLog:
-    """The run's MLflow side; without a tracker (`track=False`) every call does nothing."""
+    """The run's MLflow side; without a tracker (`track=False`) every call does nothing. Writes
+    are retried while SQLite says "database is locked" (several processes share a store)."""
 
     def __init__(self, tracker=None, run_id: str | None = None):
         self.tracker, self.run_id = tracker, run_id
 
     def metrics(self, values: dict[str, float], step: int) -> None:
         if self.tracker:
-            self.tracker.log_metrics(self.run_id, values, step=step)
+            retry_locked(self.tracker.log_metrics, self.run_id, values, step=step)
 
-    def end(self, status: str) -> None:
-        if self.tracker:
-            self.tracker.end_run(self.run_id, status)
+    def end(self, status: str, error: BaseException | None = None) -> None:
+        """End the run with `status`. While `error` propagates, a failure to reach the store
+        is only reported: it must not replace the error that ended the run."""
+        if not self.tracker:
+            return
+        try:
+            retry_locked(self.tracker.end_run, self.run_id, status)
+        except Exception as e:
+            if error is None:
+                raise
+            warn(f"could not mark run {self.run_id} {status}: {one_line(e)}")
 
 
 def train(
@@ -90,21 +117,23 @@ def train(
     started = time.perf_counter()
     parts = build(cfg)
     run = open_run(parts, run_name, tags, parent_run_id) if track else RunLog()
-    stopped = _stop_errors(trial)  # a pruned trial or Ctrl-C: the run ends KILLED
-    status = "FAILED"
+    stopped = _stop_errors(trial)  # a pruned trial, Ctrl-C or SIGTERM: the run ends KILLED
+    status, error = "FAILED", None
     with scratch_dir() as checkpoint_dir:
         attach_epoch_handlers(parts, run, Path(checkpoint_dir), trial)
         try:
             final = run_epochs(parts)
             log_results(parts, run, final, Path(checkpoint_dir))
             status = "FINISHED"
-        except stopped:
-            status = "KILLED"
+        except BaseException as e:
+            status, error = ("KILLED" if isinstance(e, stopped) else "FAILED"), e
             raise
         finally:
-            run.end(status)
+            run.end(status, error)
+    search = parts.cfg.search
     return Result(run.run_id, final, parts.history, len(parts.history),
-                  time.perf_counter() - started)
+                  time.perf_counter() - started,
+                  best_epoch(parts.history, search.metric, search.direction))
 
 
 def _stop_errors(trial: Any) -> tuple[type[BaseException], ...]:
@@ -181,22 +210,29 @@ def open_run(parts: Parts, run_name: str | None, tags: dict[str, str] | None,
 
     cfg = parts.cfg
     tracker = Tracker(cfg.tracking.uri)
-    run_id = tracker.start_run(
+    run_id = retry_locked(
+        tracker.start_run,
         cfg.tracking.experiment or cfg.name,
         run_name or f"train-{cfg.model.name}",
         tags={"accel.role": "train", **(tags or {})},
         parent_run_id=parent_run_id,
     )
+    run = RunLog(tracker, run_id)
     amp = str(parts.amp_dtype).replace("torch.", "") if parts.amp_dtype else "off"
-    tracker.log_config(run_id, cfg, {
-        "effective_batch_size": cfg.train.effective_batch_size,
-        "resolved.device": str(parts.device),
-        "resolved.amp": amp,
-        "resolved.num_classes": parts.data.num_classes,
-        "resolved.train_size": len(parts.data.train.dataset),
-    })
-    tracker.log_json(run_id, environment(str(parts.device), cfg.train.seed), "environment.json")
-    return RunLog(tracker, run_id)
+    try:
+        retry_locked(tracker.log_config, run_id, cfg, {
+            "effective_batch_size": cfg.train.effective_batch_size,
+            "resolved.device": str(parts.device),
+            "resolved.amp": amp,
+            "resolved.num_classes": parts.data.num_classes,
+            "resolved.train_size": len(parts.data.train.dataset),
+        })
+        env = environment(str(parts.device), cfg.train.seed)
+        retry_locked(tracker.log_json, run_id, env, "environment.json")
+    except BaseException as e:  # a run that never trained must not stay RUNNING
+        run.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", e)
+        raise
+    return run
 
 
 # --- the per-epoch handlers -------------------------------------------------------------------
@@ -309,17 +345,20 @@ def run_epochs(parts: Parts) -> dict[str, float]:
 
 
 def log_results(parts: Parts, run: RunLog, final: dict[str, float], checkpoint_dir: Path) -> None:
-    """test_* metrics, the confusion matrix of the last evaluation, the best checkpoint."""
+    """test_* metrics, the best epoch and its metric, the confusion matrix of the last
+    evaluation, the best checkpoint."""
     if run.tracker is None:
         return
-    tests = {k: v for k, v in final.items() if k.startswith("test_")}
-    if tests:
-        run.metrics(tests, step=parts.trainer.state.epoch)
+    metric, direction = parts.cfg.search.metric, parts.cfg.search.direction
+    best = best_epoch(parts.history, metric, direction)
+    summary = {k: v for k, v in final.items() if k.startswith("test_")}
+    summary.update({"best_epoch": best, f"best_{metric}": parts.history[best - 1][metric]})
+    run.metrics(summary, step=parts.trainer.state.epoch)
     matrix = parts.evaluator.state.metrics["confusion_matrix"]
     _log_confusion_matrix(run.tracker, run.run_id, matrix, parts.data.classes)
-    best = checkpoint_dir / "best.pt"
-    if parts.cfg.tracking.log_checkpoint and best.exists():
-        run.tracker.log_artifact(run.run_id, best, "checkpoint")
+    weights = checkpoint_dir / "best.pt"
+    if parts.cfg.tracking.log_checkpoint and weights.exists():
+        run.tracker.log_artifact(run.run_id, weights, "checkpoint")
 
 
 def _log_confusion_matrix(tracker, run_id: str, matrix: torch.Tensor, classes: list[str]) -> None:

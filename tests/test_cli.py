@@ -27,6 +27,10 @@ BAD_INPUTS = {
     "bare word": (["train.lr"], ["train.lr", "KEY=VALUE"]),
     "unreadable config": (["no/such/experiment.yaml"], ["no/such/experiment.yaml"]),
     "unknown amp": (["train.amp=fp8"], ["fp8", "off, auto, bf16, fp16"]),
+    "unknown search metric": (["search.metric=val_acc"], ["search.metric",
+                                                          "val_accuracy, val_loss, val_f1"]),
+    "unknown direction": (["search.direction=max"], ["search.direction", "maximize, minimize"]),
+    "unknown pruner": (["search.pruner=asha"], ["search.pruner", "median, hyperband, none"]),
 }
 
 

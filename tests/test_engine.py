@@ -246,3 +246,46 @@ def test_epoch_stats_average_loss_and_count_samples():
     stats = step.stats.summary()
     assert step.stats.micro_batches == 3 and step.stats.samples == 15 and step.stats.updates == 2
     assert math.isfinite(stats["train_loss"]) and stats["grad_norm"] > 0
+
+
+def test_fp16_skipped_update_is_counted_and_left_out_of_grad_norm():
+    """An update whose fp16 gradients overflow is skipped by the GradScaler: it is counted, the
+    weights do not move, and its inf norm does not reach the epoch's mean grad_norm."""
+    model = mlp()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    calls = {"n": 0}
+
+    def overflow_first_window(grad):
+        calls["n"] += 1
+        return grad * float("inf") if calls["n"] <= 2 else grad  # micro-batches 1-2: window 1
+
+    model[1].weight.register_hook(overflow_first_window)
+    data = batches(4, 8)
+    before = copy.deepcopy(model[1].weight.detach())
+    outputs = []
+    step = E.UpdateStep(model, torch.optim.SGD(model.parameters(), lr=0.5), nn.CrossEntropyLoss(),
+                        CPU, accumulation_steps=2, amp_dtype=torch.float16, scaler=scaler)
+    trainer = E.create_trainer(step)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.append(e.state.output))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=2),
+                              lambda e: outputs.append(model[1].weight.detach().clone()))
+    trainer.run(data, max_epochs=1)
+    assert torch.equal(outputs[2], before)  # window 1 was skipped: the weights did not move
+    assert not math.isfinite(float(outputs[1]["grad_norm"]))  # window 1's norm, as reported
+    stats = step.stats.summary()
+    assert step.stats.skipped_updates == 1 and step.stats.updates == 1
+    assert math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
+    assert stats["grad_norm"] == pytest.approx(float(outputs[-1]["grad_norm"]))  # window 2 only
+    assert scaler.get_scale() == 2.0**9  # the scaler backed off once
+
+
+def test_nan_handler_is_made_once_per_process():
+    import logging
+
+    first = E.create_trainer(E.UpdateStep(mlp(), None, None, CPU))
+    second = E.create_trainer(E.UpdateStep(mlp(), None, None, CPU))
+    nan = E._terminate_on_nan()
+    kinds = [type(h) for h in nan.logger.handlers]  # pytest adds its own capture handlers
+    assert E._terminate_on_nan() is nan
+    assert kinds.count(logging.NullHandler) == 1 and logging.StreamHandler not in kinds
+    assert first is not second

@@ -77,6 +77,9 @@ def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
     for name in CURVES:
         history = client.get_metric_history(run_id, name)
         assert [m.step for m in history] == [1, 2], name
+    accuracy = [m.value for m in client.get_metric_history(run_id, "val_accuracy")]
+    best = int(run.data.metrics["best_epoch"])
+    assert accuracy[best - 1] == max(accuracy) == run.data.metrics["best_val_accuracy"]
 
     top = {a.path for a in client.list_artifacts(run_id)}
     assert {"config.yaml", "environment.json", "confusion_matrix.png", "checkpoint"} <= top
@@ -84,6 +87,8 @@ def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
     assert config.from_dict(yaml.safe_load((local / "config.yaml").read_text())) == cfg
     env = yaml.safe_load((local / "environment.json").read_text())
     assert env["torch"] == torch.__version__ and env["seed"] == 0 and "git_commit" in env
+    assert isinstance(env["torch_threads"], int) and env["torch_threads"] >= 1
+    assert set(env["thread_env"]) >= {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS"}
     state = torch.load(local / "checkpoint" / "best.pt", weights_only=True)
     assert "fc.weight" in state and state["fc.weight"].shape[0] == 10
 
@@ -149,3 +154,65 @@ def test_every_run_logs_its_config_without_the_store_url(store, tmp_path):
     assert "s3cret-pw" not in text.read_text()
     assert config.from_dict(yaml.safe_load(text.read_text())).tracking.uri is None
     assert cfg.tracking.uri.startswith("postgresql://")  # the caller's config is left as it was
+
+
+def test_a_run_that_fails_while_logging_its_config_ends_failed(tiny_overrides, store, monkeypatch):
+    from accel.tracking import Tracker
+
+    def broken(self, run_id, obj, artifact_file):
+        raise OSError(f"[Errno 28] No space left on device: '{artifact_file}'")
+
+    monkeypatch.setattr(Tracker, "log_json", broken)
+    cfg = config.load(None, [*tiny_overrides, f"tracking.uri={store}",
+                             "tracking.experiment=broken"])
+    with pytest.raises(OSError, match="No space left"):
+        train(cfg)
+    assert [r.info.status for r in runs_in(store, "broken")] == ["FAILED"]
+
+
+def test_a_store_error_at_the_end_does_not_hide_the_runs_own_error(tiny_overrides, store,
+                                                                   monkeypatch):
+    from accel.tracking import Tracker
+
+    def unreachable(self, run_id, status):
+        raise ConnectionError("store unreachable")
+
+    monkeypatch.setattr(Tracker, "end_run", unreachable)
+    cfg = config.load(None, [*tiny_overrides, "train.optimizer=sgd", "train.lr=1e12",
+                             f"tracking.uri={store}", "tracking.experiment=hidden"])
+    with pytest.raises(NonFiniteLoss):  # not ConnectionError
+        train(cfg)
+
+
+def test_best_epoch_follows_the_search_metric_and_direction():
+    from accel.train import best_epoch
+
+    history = [{"val_accuracy": 0.7, "val_loss": 0.9}, {"val_accuracy": 0.9, "val_loss": 0.4},
+               {"val_accuracy": 0.9, "val_loss": 0.5}, {"val_accuracy": 0.8, "val_loss": 0.3}]
+    assert best_epoch(history, "val_accuracy", "maximize") == 2  # a tie: the earlier epoch
+    assert best_epoch(history, "val_loss", "minimize") == 4
+    assert best_epoch([], "val_loss", "minimize") == 0
+
+
+def test_a_trial_reports_its_best_epoch_the_one_checkpointed(tmp_path, monkeypatch):
+    """A trial's value is its best epoch's metric, not the last epoch's: the same epoch whose
+    weights checkpoint/best.pt holds."""
+    import optuna
+
+    import accel.train as T
+    from accel import tune
+
+    history = [{"val_accuracy": 0.9}, {"val_accuracy": 0.5}]
+    monkeypatch.setattr(T, "train", lambda cfg, **kw: T.Result(
+        None, dict(history[-1]), history, 2, 1.0, best_epoch=T.best_epoch(
+            history, "val_accuracy", "maximize")))
+    exp = tmp_path / "best.yaml"
+    exp.write_text(yaml.safe_dump({"search": {"space": {
+        "train.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2}}}}))
+    storage = str(tmp_path / "optuna.journal")
+    from accel.cli import main
+
+    assert main(["tune", str(exp), "--study", "best", "--n-trials", "1", "--storage", storage,
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 0
+    study = optuna.load_study(study_name="best", storage=tune.open_storage(storage))
+    assert study.trials[0].value == 0.9

@@ -14,6 +14,9 @@ from typing import Any
 PACKAGES = ("torch", "torchvision", "pytorch-ignite", "timm", "mlflow", "optuna",
             "optuna-integration", "scikit-learn", "numpy", "pyyaml", "accel")
 ENV_IGNORED = ("seed",)  # differs on purpose between an original run and a rerun
+# Settings that change CPU results or speed: "bitwise on CPU" holds for the same values of these.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS",
+                    "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "KMP_AFFINITY")
 
 
 def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
@@ -65,6 +68,9 @@ def environment(device: str, seed: int) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "thread_env": {name: os.environ.get(name) for name in THREAD_VARIABLES},
         "seed": seed,
         "packages": versions,
         **git_state(),

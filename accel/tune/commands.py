@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import shlex
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
+from accel import signals
 from accel.config import Config, ConfigError
 from accel.console import note, progress, quiet_libraries
 from accel.tracking import retry_locked, tracker_for
@@ -21,7 +21,7 @@ from accel.tune.study import (
     check_study_name,
     prepare,
 )
-from accel.tune.workers import clean_up, interrupt_once, run_workers
+from accel.tune.workers import clean_up, run_workers
 from accel.uris import DEFAULT_URI, redact, resolve_uri
 
 
@@ -46,13 +46,13 @@ def cli_tune(args, cfg: Config) -> int:
              f"{before} finished so far{f', {orphans} orphaned marked FAIL' if orphans else ''}; "
              f"storage {redact(job.storage)}; MLflow {redact(job.tracking_uri)} "
              f"(experiment {job.study}, parent run {job.parent_run_id})")
-    previous = signal.signal(signal.SIGINT, interrupt_once)
+    previous = signals.handle_stops()
     status, code = "FAILED", 1
     try:
         status, code = _run_node(study, job, tracker, n_trials)
     finally:
         _finish_parent(tracker, study, job, status)
-        signal.signal(signal.SIGINT, previous)
+        signals.restore(previous)
     progress(summary(study, job))
     if status == "KILLED":
         note("interrupted; this run's unfinished trial(s) were marked FAIL (MLflow "
@@ -63,16 +63,16 @@ def cli_tune(args, cfg: Config) -> int:
 
 
 def _run_node(study, job: TuneJob, tracker, n_trials: int) -> tuple[str, int]:
-    """This node's trials, under its lease on the study; Ctrl-C ends them cleanly."""
+    """This node's trials, under its lease on the study; Ctrl-C or SIGTERM ends them cleanly."""
     status, code = "FAILED", 1
     with NodeLease(study, job.invocation):
         try:
             code = run_workers(job, n_trials) if n_trials else 0
             status = "FINISHED" if code == 0 else "FAILED"
         except KeyboardInterrupt:
-            status, code = "KILLED", 130
+            status, code = "KILLED", signals.exit_code()
         finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the clean-up finish
+            signals.ignore_stops()  # let the clean-up finish
             clean_up(study, tracker, job.invocation)
     return status, code
 

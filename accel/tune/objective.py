@@ -44,7 +44,8 @@ class Objective:
                            tags=st.trial_tags(job.study, trial.number, job.invocation),
                            parent_run_id=job.parent_run_id)
             run_id = result.run_id
-            value = result.metrics[job.cfg.search.metric]
+            # The best epoch's value: the epoch whose weights the run's best.pt holds.
+            value = result.best[job.cfg.search.metric]
             if not math.isfinite(value):
                 raise RuntimeError(f"{job.cfg.search.metric} is {value}")
             state = "COMPLETE"

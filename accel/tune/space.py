@@ -14,13 +14,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from accel.config import Config, ConfigError, set_key, validate
+from accel.config import PRUNERS, SAMPLERS, Config, ConfigError, set_key, validate
 
+__all__ = ["PRUNERS", "SAMPLERS", "Dim", "check_search", "definition", "trial_config"]
 SPACE_TYPES = ("float", "int", "categorical")
 SPEC_FIELDS = ("type", "low", "high", "log", "step", "choices")
-SAMPLERS = ("tpe", "random")
-PRUNERS = ("median", "hyperband", "none")
-METRICS = ("val_accuracy", "val_loss", "val_f1")  # what the evaluator reports after every epoch
 UNSEARCHABLE = ("search.", "tracking.")  # these define the study and where it is logged
 
 
@@ -53,14 +51,10 @@ class Dim:
 
 
 def check_search(cfg: Config) -> list[Dim]:
-    """The `search:` section, checked whole before any trial can start (ConfigError otherwise)."""
-    s = cfg.search
-    for key, value, allowed in (("metric", s.metric, METRICS), ("sampler", s.sampler, SAMPLERS),
-                                ("pruner", s.pruner, PRUNERS)):
-        if value not in allowed:
-            raise ConfigError(f"search.{key}={value!r} is not one of: {', '.join(allowed)}")
-    if s.n_trials < 1:
-        raise ConfigError(f"search.n_trials={s.n_trials}: must be >= 1")
+    """The `search:` section, checked whole before any trial can start (ConfigError otherwise).
+    Its metric, direction, sampler and pruner were checked with the config itself."""
+    if cfg.search.n_trials < 1:
+        raise ConfigError(f"search.n_trials={cfg.search.n_trials}: must be >= 1")
     return parse_space(cfg)
 
 

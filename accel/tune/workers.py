@@ -19,6 +19,7 @@ import time
 from accel.config import ConfigError
 from accel.console import progress, quiet_libraries, warn
 from accel.errors import one_line
+from accel.signals import handle_stops, ignore_stops
 from accel.tracking import retry_locked
 from accel.tune import tracking as st
 from accel.tune.nodes import process_alive
@@ -94,19 +95,13 @@ def describe_trial(study, trial, metric: str) -> str:
     return f"trial {trial.number:03d} {trial.state.name} {what}{took}{tail}"
 
 
-# --- worker processes and Ctrl-C -------------------------------------------------------------
-
-
-def interrupt_once(signum, frame) -> None:
-    """First Ctrl-C: stop (KeyboardInterrupt); later ones are ignored so clean-up can finish."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
+# --- worker processes, Ctrl-C and SIGTERM ---------------------------------------------------------
 
 
 def _worker_main(job: TuneJob, index: int, budget: Budget, env: dict[str, str]) -> None:
     """Entry of a spawned worker process; its exit code tells the main process how it ended."""
     os.environ.update(env)  # before torch is imported: which GPU this worker sees
-    signal.signal(signal.SIGINT, interrupt_once)
+    handle_stops()  # Ctrl-C and SIGTERM (sent to the whole process group) stop it cleanly
     quiet_libraries(study=True)
     try:
         import torch
@@ -165,8 +160,9 @@ def run_workers(job: TuneJob, n_trials: int) -> int:
 
 
 def _stop(procs, wait_s: float = 60.0) -> None:
-    """Ctrl-C reached this process: make sure the workers got it, wait, then terminate."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Ctrl-C or SIGTERM reached this process: make sure the workers got it, wait, then
+    terminate them."""
+    ignore_stops()
     for p in procs:
         if p.is_alive() and p.pid:
             with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,48 @@
+"""Stopping cleanly: Ctrl-C (SIGINT) and SIGTERM (`docker stop`, Slurm, Kubernetes preemption)
+both raise KeyboardInterrupt once, wherever the work is; later ones are ignored, so that the
+clean-up (runs ended KILLED, trials FAIL) can finish. The exit code names the signal."""
+
+from __future__ import annotations
+
+import signal
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_received: list[int] = []
+
+
+def _stop_once(signum, frame) -> None:
+    _received.append(signum)
+    ignore_stops()
+    raise KeyboardInterrupt
+
+
+def handle_stops() -> dict:
+    """From now on the first SIGINT or SIGTERM raises KeyboardInterrupt. Returns the previous
+    handlers, for `restore`."""
+    return {s: signal.signal(s, _stop_once) for s in STOP_SIGNALS}
+
+
+def _swallow(signum, frame) -> None:
+    """A handler that does nothing. Not SIG_IGN: a signal already pending when the handler
+    changes would then raise "OSError: Signal ... ignored due to race condition" (CPython)."""
+
+
+def ignore_stops() -> None:
+    """While clean-up runs: a second Ctrl-C or SIGTERM must not interrupt it."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, _swallow)
+
+
+def restore(previous: dict) -> None:
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
+def exit_code() -> int:
+    """128 + the signal that stopped this process: 130 for Ctrl-C, 143 for SIGTERM."""
+    return 128 + (_received[-1] if _received else signal.SIGINT)
+
+
+def stopped_by() -> str:
+    """What stopped this process, for its last line."""
+    return "SIGTERM" if _received and _received[-1] == signal.SIGTERM else "Ctrl-C"

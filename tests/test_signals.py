@@ -1,0 +1,114 @@
+"""SIGTERM (docker stop, Slurm, Kubernetes preemption) is handled like Ctrl-C by every command:
+the running MLflow run ends KILLED, the running trial FAIL, nothing stays RUNNING, the exit code
+is 128 + 15, and the same command carries on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, TINY_OVERRIDES
+
+SIGTERM_EXIT = 128 + signal.SIGTERM
+LONG = [*TINY_OVERRIDES, "train.epochs=200", "tracking.log_checkpoint=false"]
+
+
+def start(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ACCEL_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.Popen([sys.executable, "-m", "accel", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def runs(store: str, experiment: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id], max_results=100) if exp else []
+
+
+def wait_for_epoch(proc: subprocess.Popen, store: str, experiment: str, role: str) -> None:
+    """Until a run of `role` has logged an epoch (the process is then inside train())."""
+    from mlflow.tracking import MlflowClient
+
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        try:
+            for run in runs(store, experiment):
+                if (run.data.tags.get("accel.role") == role and MlflowClient(store)
+                        .get_metric_history(run.info.run_id, "val_loss")):
+                    return
+        except Exception:  # the store is being created
+            pass
+        time.sleep(0.5)
+    raise AssertionError("no epoch was logged in time")
+
+
+def stop(proc: subprocess.Popen, group: bool = False) -> tuple[int, str]:
+    if group:  # Slurm and Kubernetes signal every process of the job
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:  # docker stop signals the main process only
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def test_sigterm_ends_a_train_run_killed(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = start("train", *LONG, "--tracking-uri", store, "--experiment", "term")
+    wait_for_epoch(proc, store, "term", "train")
+    code, err = stop(proc)
+    assert code == SIGTERM_EXIT, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("accel: stopped by SIGTERM")
+    assert "Traceback" not in err
+    [run] = runs(store, "term")
+    assert run.info.status == "KILLED"
+    assert run.data.metrics["val_loss"] > 0  # the finished epochs stay logged
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_ends_a_study_cleanly_and_the_rerun_resumes(tmp_path, workers):
+    store, journal = f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "optuna.journal")
+    tune = ["tune", *LONG, "--study", "term", "--storage", journal, "--tracking-uri", store]
+    proc = start(*tune, "--n-trials", "2", "--workers", workers)
+    wait_for_epoch(proc, store, "term", "trial")
+    code, err = stop(proc, group=workers != "1")
+    assert code == SIGTERM_EXIT, err[-3000:]
+    assert "Traceback" not in err
+    statuses = {r.info.run_name: r.info.status for r in runs(store, "term")}
+    assert "RUNNING" not in statuses.values(), statuses
+    assert statuses["study-term"] == "KILLED"
+    import optuna
+
+    from accel.tune import open_storage
+
+    study = optuna.load_study(study_name="term", storage=open_storage(journal))
+    assert study.trials and {t.state.name for t in study.trials} == {"FAIL"}
+    short = [a if a != "train.epochs=200" else "train.epochs=1" for a in tune]
+    rerun = subprocess.run([sys.executable, "-m", "accel", *short, "--n-trials", "1"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    study = optuna.load_study(study_name="term", storage=open_storage(journal))
+    assert study.trials[-1].state.name == "COMPLETE"
+    assert len([r for r in runs(store, "term") if r.data.tags["accel.role"] == "study"]) == 1
+
+
+def test_sigterm_ends_an_ablation_killed(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = start("ablate", *LONG, "tracking.experiment=term", "--techniques", "ga",
+                 "--tracking-uri", store)
+    wait_for_epoch(proc, store, "term", "train")
+    code, err = stop(proc)
+    assert code == SIGTERM_EXIT, err[-2000:]
+    statuses = {r.data.tags.get("accel.role"): r.info.status for r in runs(store, "term")}
+    assert statuses["ablation"] == "KILLED" and statuses["train"] == "KILLED"
+    assert "RUNNING" not in {r.info.status for r in runs(store, "term")}
