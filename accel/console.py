@@ -25,16 +25,17 @@ def progress(message: str) -> None:
 
 def quiet_libraries(study: bool = False) -> None:
     """Keep library chatter out of accel's own lines. In a study, Optuna logs every trial
-    (failures with tracebacks) and Ignite logs a pruned trial as an error; `accel tune` prints
-    one line per trial instead."""
-    for name in ("alembic", "mlflow", "optuna", "ignite"):
+    (failures with tracebacks); `accel tune` prints one line per trial instead."""
+    for name in ("alembic", "mlflow", "optuna"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # per-retry network noise
+    # Ignite logs every exception that ends a run ("Engine run is terminating due to ...") and a
+    # pruned trial as an error; accel reports each in its own line (or with its traceback).
+    logging.getLogger("ignite").setLevel(logging.CRITICAL)
     if study:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
-        logging.getLogger("ignite").setLevel(logging.CRITICAL)
 
 
 def fmt(value: float | None, digits: int = 4, sign: bool = False) -> str:

@@ -109,7 +109,21 @@ def _raw_dataset(kind: str, root: str, split: str, transform, download: bool = F
                 f"data.root={root!r} has no {kind} ({folder}/ not found): set data.download=true "
                 f"on a machine with a network, or copy the python-version archive there"
             ) from None
-    return datasets.ImageFolder(str(Path(root) / split), transform=transform)
+    return datasets.ImageFolder(str(Path(root) / split), transform=transform, loader=load_image)
+
+
+def load_image(path: str):
+    """torchvision's default loader (RGB via PIL), naming the file that is not a readable image
+    (truncated, empty, or not an image at all)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except UnidentifiedImageError:
+        raise DataError(f"{path}: not an image file PIL can read; remove or replace it") from None
+    except OSError as e:  # a truncated file, an unreadable one
+        raise DataError(f"{path}: not a readable image ({e}); remove or replace it") from None
 
 
 def _image_splits(cfg: Config, size_default: int):

@@ -19,7 +19,15 @@ def _stop_once(signum, frame) -> None:
 def handle_stops() -> dict:
     """From now on the first SIGINT or SIGTERM raises KeyboardInterrupt. Returns the previous
     handlers, for `restore`."""
+    _received.clear()
     return {s: signal.signal(s, _stop_once) for s in STOP_SIGNALS}
+
+
+def stop_requested() -> bool:
+    """A stop signal arrived. Code that turns exceptions into other ones (torch.save turns a
+    KeyboardInterrupt raised inside it into a RuntimeError) must not lose the stop: callers
+    check this before treating an error as a failure."""
+    return bool(_received)
 
 
 def _swallow(signum, frame) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from accel import engine, models
+from accel import engine, models, signals
 from accel.config import Config
 from accel.console import warn
 from accel.errors import NonFiniteLoss, one_line
@@ -126,7 +126,10 @@ def train(
             log_results(parts, run, final, Path(checkpoint_dir))
             status = "FINISHED"
         except BaseException as e:
-            status, error = ("KILLED" if isinstance(e, stopped) else "FAILED"), e
+            stop = isinstance(e, stopped) or signals.stop_requested()
+            status, error = ("KILLED" if stop else "FAILED"), e
+            if stop and not isinstance(e, stopped):  # the signal landed inside torch.save, say
+                raise KeyboardInterrupt from e
             raise
         finally:
             run.end(status, error)

@@ -122,3 +122,40 @@ def test_config_from_params_inverts_flat(path):
     params = {k: config.param_text(v) for k, v in cfg.flat().items()}
     rebuilt, notes = config.from_params(params)
     assert rebuilt == cfg and notes == []
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not an image"])
+def test_an_unreadable_image_is_named_in_one_line(tmp_path, damage):
+    import numpy as np
+    from PIL import Image
+
+    for c in ("a", "b"):
+        folder = tmp_path / "data" / "train" / c
+        folder.mkdir(parents=True)
+        for i in range(6):
+            pixels = np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i}.jpg")
+    bad = tmp_path / "data" / "train" / "b" / "3.jpg"
+    bad.write_bytes(bad.read_bytes()[:200] if damage == "truncated" else b"not an image")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_cli("train", "data.dataset=imagefolder", f"data.root={tmp_path / 'data'}",
+                   "model.name=test_resnet", "train.epochs=1", "train.batch_size=4",
+                   "--tracking-uri", store, "--experiment", "bad")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if "mlflow.store.db" not in line]
+    assert lines == [lines[-1]] and str(bad) in lines[0], proc.stderr  # one line, the file named
+    import mlflow
+
+    client = mlflow.MlflowClient(store)
+    [run] = client.search_runs([client.get_experiment_by_name("bad").experiment_id])
+    assert run.info.status == "FAILED"
+
+
+def test_yaml_that_would_build_python_objects_is_refused(tmp_path):
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("name: !!python/object/apply:os.system ['echo pwned > "
+                    f"{tmp_path / 'pwned'}']\n")
+    proc = run_cli("train", str(evil))
+    assert proc.returncode == 2 and not (tmp_path / "pwned").exists()
+    assert proc.stderr.strip().splitlines() == [
+        f"accel: error: config file '{evil}' is not valid YAML line 1"]

@@ -19,7 +19,7 @@ import time
 from accel.config import ConfigError
 from accel.console import progress, quiet_libraries, warn
 from accel.errors import one_line
-from accel.signals import handle_stops, ignore_stops
+from accel.signals import handle_stops, ignore_stops, stop_requested
 from accel.tracking import retry_locked
 from accel.tune import tracking as st
 from accel.tune.nodes import process_alive
@@ -78,6 +78,8 @@ def run_worker(job: TuneJob, index: int, budget: Budget) -> None:
             break
         study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=[after_trial],
                        gc_after_trial=True)
+        if stop_requested():  # a stop that reached the trial as another error
+            raise KeyboardInterrupt
         if objective.bad_input is not None:
             raise objective.bad_input
 
