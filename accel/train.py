@@ -53,7 +53,7 @@ class Result:
         return self.history[self.best_epoch - 1] if self.best_epoch else {}
 
 
-def best_epoch(history: list[dict[str, float]], metric: str, direction: str) -> int:
+def find_best_epoch(history: list[dict[str, float]], metric: str, direction: str) -> int:
     """1-based index of the best epoch; the earliest one wins a tie (as the checkpoint keeps)."""
     if not history:
         return 0
@@ -123,7 +123,9 @@ def train(
         attach_epoch_handlers(parts, run, Path(checkpoint_dir), trial)
         try:
             final = run_epochs(parts)
-            log_results(parts, run, final, Path(checkpoint_dir))
+            best = find_best_epoch(parts.history, parts.cfg.search.metric,
+                                   parts.cfg.search.direction)
+            log_results(parts, run, final, best, Path(checkpoint_dir))
             status = "FINISHED"
         except BaseException as e:
             stop = isinstance(e, stopped) or signals.stop_requested()
@@ -133,10 +135,8 @@ def train(
             raise
         finally:
             run.end(status, error)
-    search = parts.cfg.search
     return Result(run.run_id, final, parts.history, len(parts.history),
-                  time.perf_counter() - started,
-                  best_epoch(parts.history, search.metric, search.direction))
+                  time.perf_counter() - started, best)
 
 
 def _stop_errors(trial: Any) -> tuple[type[BaseException], ...]:
@@ -347,13 +347,13 @@ def run_epochs(parts: Parts) -> dict[str, float]:
     return final
 
 
-def log_results(parts: Parts, run: RunLog, final: dict[str, float], checkpoint_dir: Path) -> None:
+def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int,
+                checkpoint_dir: Path) -> None:
     """test_* metrics, the best epoch and its metric, the confusion matrix of the last
     evaluation, the best checkpoint."""
     if run.tracker is None:
         return
-    metric, direction = parts.cfg.search.metric, parts.cfg.search.direction
-    best = best_epoch(parts.history, metric, direction)
+    metric = parts.cfg.search.metric
     summary = {k: v for k, v in final.items() if k.startswith("test_")}
     summary.update({"best_epoch": best, f"best_{metric}": parts.history[best - 1][metric]})
     run.metrics(summary, step=parts.trainer.state.epoch)

@@ -185,7 +185,7 @@ def test_a_store_error_at_the_end_does_not_hide_the_runs_own_error(tiny_override
 
 
 def test_best_epoch_follows_the_search_metric_and_direction():
-    from accel.train import best_epoch
+    from accel.train import find_best_epoch as best_epoch
 
     history = [{"val_accuracy": 0.7, "val_loss": 0.9}, {"val_accuracy": 0.9, "val_loss": 0.4},
                {"val_accuracy": 0.9, "val_loss": 0.5}, {"val_accuracy": 0.8, "val_loss": 0.3}]
@@ -204,7 +204,7 @@ def test_a_trial_reports_its_best_epoch_the_one_checkpointed(tmp_path, monkeypat
 
     history = [{"val_accuracy": 0.9}, {"val_accuracy": 0.5}]
     monkeypatch.setattr(T, "train", lambda cfg, **kw: T.Result(
-        None, dict(history[-1]), history, 2, 1.0, best_epoch=T.best_epoch(
+        None, dict(history[-1]), history, 2, 1.0, best_epoch=T.find_best_epoch(
             history, "val_accuracy", "maximize")))
     exp = tmp_path / "best.yaml"
     exp.write_text(yaml.safe_dump({"search": {"space": {
