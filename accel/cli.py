@@ -8,7 +8,7 @@ from pathlib import Path
 
 from accel import signals
 from accel.config import DEFAULT_CONFIG, Config
-from accel.errors import ConfigError, NonFiniteLoss
+from accel.errors import ConfigError, NonFiniteLoss, first_line, one_line
 from accel.uris import DEFAULT_STORAGE, DEFAULT_URI, with_driver
 
 
@@ -64,6 +64,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from accel import reproduce
 
     return reproduce.cli_reproduce(args)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from accel import resume
+
+    return resume.cli_resume(args)
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
@@ -141,6 +147,10 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
     p.add_argument("--tolerance", type=float, default=0.005, metavar="T",
                    help="allowed absolute difference on the search metric")
 
+    p = command("resume", "carry an interrupted run on from its last-epoch checkpoint, in the "
+                "same MLflow run", cmd_resume, _tracking_arg)
+    p.add_argument("run_id", metavar="RUN_ID")
+
     p = command("ablate", "time every on/off combination of GA, AMP and pinned memory",
                 cmd_ablate, _config_args, _tracking_arg)
     p.add_argument("--techniques", default="ga,amp,pm", metavar="LIST",
@@ -177,12 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     # With a tracking server, MLflow prints two "View run at" lines per finished run to stdout,
     # where accel's results go; accel names its runs itself.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    # A checkpoint downloaded on resume is one file: no progress bar on stderr for it.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     quiet_libraries()
     previous = signals.handle_stops()  # Ctrl-C and SIGTERM end the running work KILLED
     try:
         return args.func(args) or 0
     except ConfigError as e:
-        print(f"accel: error: {e}", file=sys.stderr)
+        print(f"accel: error: {first_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"accel: stopped by {signals.stopped_by()}; the running MLflow run was marked "
@@ -190,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         return signals.exit_code()
     except NonFiniteLoss as e:
         print(f"accel: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a full disk, an artifact folder that cannot be written
+        print(f"accel: error: {one_line(e)}", file=sys.stderr)
         return 1
     finally:
         signals.restore(previous)

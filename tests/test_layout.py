@@ -22,7 +22,7 @@ LAYERS = {
     "accel.data": 2, "accel.models": 2, "accel.engine": 2, "accel.tracking": 2,
     "accel.shared_data": 2,
     "accel.train": 3,
-    "accel.tune": 4, "accel.reproduce": 4, "accel.ablation": 4,
+    "accel.tune": 4, "accel.reproduce": 4, "accel.resume": 4, "accel.ablation": 4,
     "accel.cli": 5, "accel.__main__": 5,
 }
 

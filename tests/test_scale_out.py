@@ -285,8 +285,9 @@ def _kill_a_node_mid_trial(stack: Stack, client, tmp_path: Path, node: dict) -> 
     d = stack.start("worker", tmp_path / "d.log", ACCEL_TRIALS="3", **node)
     deadline = time.time() + 300
     while time.time() < deadline:
-        running = [t for t in load_study(stack).trials
-                   if t.state.name == "RUNNING" and t.user_attrs.get("accel.pid") == d.pid]
+        running = [t for t in load_study(stack).trials  # inside the trial: its values drawn
+                   if t.state.name == "RUNNING" and t.user_attrs.get("accel.pid") == d.pid
+                   and t.params]
         if running:
             break
         assert d.poll() is None, d.log.read_text()[-3000:]

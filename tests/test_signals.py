@@ -35,8 +35,9 @@ def runs(store: str, experiment: str) -> list:
     return client.search_runs([exp.experiment_id], max_results=100) if exp else []
 
 
-def wait_for_epoch(proc: subprocess.Popen, store: str, experiment: str, role: str) -> None:
-    """Until a run of `role` has logged an epoch (the process is then inside train())."""
+def wait_for_epoch(proc: subprocess.Popen, store: str, experiment: str, role: str,
+                   epochs: int = 1) -> None:
+    """Until a run of `role` has logged `epochs` epochs (the process is then inside train())."""
     from mlflow.tracking import MlflowClient
 
     deadline = time.time() + 240
@@ -44,8 +45,8 @@ def wait_for_epoch(proc: subprocess.Popen, store: str, experiment: str, role: st
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         try:
             for run in runs(store, experiment):
-                if (run.data.tags.get("accel.role") == role and MlflowClient(store)
-                        .get_metric_history(run.info.run_id, "val_loss")):
+                if (run.data.tags.get("accel.role") == role and len(MlflowClient(store)
+                        .get_metric_history(run.info.run_id, "val_loss")) >= epochs):
                     return
         except Exception:  # the store is being created
             pass
@@ -112,3 +113,52 @@ def test_sigterm_ends_an_ablation_killed(tmp_path):
     statuses = {r.data.tags.get("accel.role"): r.info.status for r in runs(store, "term")}
     assert statuses["ablation"] == "KILLED" and statuses["train"] == "KILLED"
     assert "RUNNING" not in {r.info.status for r in runs(store, "term")}
+
+
+def logged_epochs(store: str, run_id: str) -> list[int]:
+    from mlflow.tracking import MlflowClient
+
+    return sorted(m.step for m in MlflowClient(store).get_metric_history(run_id, "val_loss"))
+
+
+def test_sigterm_to_train_and_to_resume_then_resume_finishes(tmp_path):
+    """Preempted twice: `accel train` stopped by SIGTERM, `accel resume` stopped by SIGTERM
+    too, then `accel resume` again: every epoch logged once, the run FINISHED."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [*TINY_OVERRIDES, "train.epochs=12", "train.epoch_length=10"]  # checkpoints on
+    proc = start("train", *args, "--tracking-uri", store, "--experiment", "pre")
+    wait_for_epoch(proc, store, "pre", "train", epochs=2)
+    code, err = stop(proc)
+    assert code == SIGTERM_EXIT, err[-2000:]
+    [run] = runs(store, "pre")
+    first = logged_epochs(store, run.info.run_id)
+    assert run.info.status == "KILLED" and 2 <= len(first) < 12
+
+    proc = start("resume", run.info.run_id, "--tracking-uri", store)
+    wait_for_epoch(proc, store, "pre", "train", epochs=len(first) + 2)
+    code, err = stop(proc)
+    assert code == SIGTERM_EXIT and "Traceback" not in err, err[-2000:]
+    [run] = runs(store, "pre")
+    second = logged_epochs(store, run.info.run_id)
+    assert run.info.status == "KILLED" and len(first) < len(second) < 12
+
+    proc = start("resume", run.info.run_id, "--tracking-uri", store)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    [run] = runs(store, "pre")
+    assert run.info.status == "FINISHED"
+    assert logged_epochs(store, run.info.run_id) == list(range(1, 13))
+
+
+def test_sigterm_ends_a_reproduce_rerun_killed(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = start("train", *LONG, "--tracking-uri", store, "--experiment", "rep")
+    wait_for_epoch(proc, store, "rep", "train")
+    assert stop(proc)[0] == SIGTERM_EXIT
+    [original] = runs(store, "rep")
+    proc = start("reproduce", original.info.run_id, "--tracking-uri", store)
+    wait_for_epoch(proc, store, "rep", "reproduce")
+    code, err = stop(proc)
+    assert code == SIGTERM_EXIT and "Traceback" not in err, err[-2000:]
+    statuses = {r.data.tags.get("accel.role"): r.info.status for r in runs(store, "rep")}
+    assert statuses == {"train": "KILLED", "reproduce": "KILLED"}

@@ -19,6 +19,7 @@ from accel.uris import redact, resolve_uri, sqlite_path, with_driver
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
 PARAMS_PER_BATCH = 100  # MLflow takes at most 100 params per log_batch
+_jitter = random.Random()  # its own stream: a retry must not move the training's random state
 
 
 class Tracker:
@@ -133,7 +134,7 @@ def retry_locked(fn, *args, attempts: int = 8, **kwargs):
         except Exception as e:
             if "database is locked" not in str(e) or i == attempts - 1:
                 raise
-            time.sleep(0.1 * 2**i * (1 + random.random()))
+            time.sleep(0.1 * 2**i * (1 + _jitter.random()))
     raise AssertionError("unreachable")
 
 

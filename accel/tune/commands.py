@@ -42,8 +42,9 @@ def cli_tune(args, cfg: Config) -> int:
     tracker = tracker_for(job.tracking_uri)
     orphans = clean_up(study, tracker, None) if is_journal(job.storage) else 0
     before = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+    retried = f", {orphans} orphaned marked FAIL and queued again" if orphans else ""
     progress(f"study {job.study}: {n_trials} trial(s) on {job.workers} worker(s); "
-             f"{before} finished so far{f', {orphans} orphaned marked FAIL' if orphans else ''}; "
+             f"{before} finished so far{retried}; "
              f"storage {redact(job.storage)}; MLflow {redact(job.tracking_uri)} "
              f"(experiment {job.study}, parent run {job.parent_run_id})")
     previous = signals.handle_stops()

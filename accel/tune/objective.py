@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 import os
 import socket
+import warnings
+from pathlib import Path
 
 from accel.config import ConfigError
-from accel.console import warn
+from accel.console import note, warn
 from accel.errors import describe_error, one_line
-from accel.tracking import retry_locked, tracker_for
+from accel.tracking import retry_locked, scratch_dir, tracker_for
 from accel.tune import tracking as st
 from accel.tune.space import trial_config
 from accel.tune.study import TuneJob
@@ -40,9 +42,11 @@ class Objective:
         state, run_id, error, interrupted = "FAIL", None, None, False
         try:
             cfg = trial_config(job.cfg, job.dims, trial)
-            result = train(cfg, trial=trial, run_name=st.trial_run_name(trial.number),
-                           tags=st.trial_tags(job.study, trial.number, job.invocation),
-                           parent_run_id=job.parent_run_id)
+            with scratch_dir() as tmp:
+                result = train(cfg, trial=trial, run_name=st.trial_run_name(trial.number),
+                               tags=st.trial_tags(job.study, trial.number, job.invocation),
+                               parent_run_id=job.parent_run_id,
+                               resume=self._resume_point(trial, Path(tmp)))
             run_id = result.run_id
             # The best epoch's value: the epoch whose weights the run's best.pt holds.
             value = result.best[job.cfg.search.metric]
@@ -65,6 +69,33 @@ class Objective:
             raise
         finally:
             self._close(trial, state, run_id, error, interrupted)
+
+    def _resume_point(self, trial, dest: Path):
+        """A trial retried after its worker died carries on from the last checkpoint of the
+        newest attempt before it that left one (accel.train.checkpoint)."""
+        import optuna
+        from optuna.storages import RetryFailedTrialCallback
+
+        from accel.train.checkpoint import download
+
+        frozen = next(t for t in trial.study.get_trials(deepcopy=False)
+                      if t.number == trial.number)
+        with warnings.catch_warnings():  # "experimental" in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            attempts = RetryFailedTrialCallback.retry_history(frozen)
+        for number in reversed(attempts):
+            run_id = st.find_trial_run(self.tracker, self.job.study, number)
+            if run_id is None:
+                continue
+            resume, notes = download(self.tracker, run_id, dest)
+            for line in notes:
+                warn(f"trial {trial.number}: {line}")
+            if resume is not None:
+                note(f"trial {trial.number} retries trial {number}: carries on after epoch "
+                     f"{resume.epoch} of run {run_id}")
+                resume.same_run = False
+                return resume
+        return None
 
     def _close(self, trial, state, run_id, error, interrupted) -> None:
         message = describe_error(error) if error else None

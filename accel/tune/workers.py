@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+import warnings
 
 from accel.config import ConfigError
 from accel.console import progress, quiet_libraries, warn
@@ -24,7 +25,7 @@ from accel.tracking import retry_locked
 from accel.tune import tracking as st
 from accel.tune.nodes import process_alive
 from accel.tune.objective import Objective
-from accel.tune.storage import RetryStaleTrial, open_storage
+from accel.tune.storage import MAX_RETRY, RetryStaleTrial, open_storage
 from accel.tune.study import (
     TuneJob,
     build_pruner,
@@ -183,8 +184,11 @@ def _stop(procs, wait_s: float = 60.0) -> None:
 def clean_up(study, tracker, invocation: str | None) -> int:
     """Mark RUNNING trials FAIL: those of this invocation after Ctrl-C (their MLflow runs
     KILLED: stopped by the user), or, with `invocation=None`, those whose process on this host
-    is gone (a killed run on a journal storage, which has no heartbeats; MLflow FAILED, as a
-    dead worker's trial on a database storage). Returns how many were closed."""
+    is gone (a killed run on a journal storage, which has no heartbeats: as a dead worker's
+    trial on a database storage, MLflow FAILED and the trial queued again, to carry on from its
+    last checkpoint). Returns how many were closed."""
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryFailedTrialCallback
     from optuna.trial import TrialState
 
     closed = 0
@@ -195,9 +199,14 @@ def clean_up(study, tracker, invocation: str | None) -> int:
         elif not _orphaned(t):
             continue
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        if invocation is None:  # queued again with its values, as a database storage does
+            with warnings.catch_warnings():  # "experimental" in Optuna 5
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                RetryFailedTrialCallback(max_retry=MAX_RETRY)(study, t)
         try:
             st.close_dead_trial(tracker, study, t, "interrupted" if invocation else
-                                "its worker process is gone", interrupted=invocation is not None)
+                                "its worker process is gone; the trial is queued again",
+                                interrupted=invocation is not None)
         except Exception as e:
             warn(f"trial {t.number}: {one_line(e)}")
         closed += 1

@@ -1,0 +1,114 @@
+"""`train(cfg) -> Result`: the one entry the CLI, Optuna, reproduce, ablation and tests call.
+
+`train` reads as the recipe: build what the run needs (`parts`), restore a checkpoint when it
+resumes (`checkpoint`), open its MLflow run (`run_log`), attach the per-epoch handlers and run
+the epochs (`epochs`), finish (test split, artifacts, status).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accel import signals
+from accel.config import Config
+from accel.errors import NonFiniteLoss
+from accel.train.checkpoint import Resume, restore
+from accel.train.epochs import attach_epoch_handlers, find_best_epoch, run_epochs
+from accel.train.parts import Parts, build
+from accel.train.run_log import RunLog, log_results, open_run
+
+__all__ = ["NonFiniteLoss", "Result", "Resume", "describe", "find_best_epoch", "train"]
+
+METRIC_NAMES = (
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "val_f1",
+    "epoch_time_s",
+    "train_throughput",
+    "lr",
+    "peak_memory_mb",
+)
+
+
+@dataclass
+class Result:
+    run_id: str | None
+    metrics: dict[str, float]  # the last epoch's metrics (and test_* where a test split exists)
+    history: list[dict[str, float]] = field(default_factory=list)  # one dict per epoch
+    epochs: int = 0  # epochs completed
+    wall_time_s: float = 0.0
+    best_epoch: int = 0  # 1-based: the epoch whose weights checkpoint/best.pt holds
+
+    @property
+    def best(self) -> dict[str, float]:
+        """The best epoch's metrics (by search.metric and direction): an Optuna trial's value
+        comes from here, so it and checkpoint/best.pt describe the same weights."""
+        return self.history[self.best_epoch - 1] if self.best_epoch else {}
+
+
+def train(
+    cfg: Config,
+    *,
+    trial: Any = None,
+    run_name: str | None = None,
+    tags: dict[str, str] | None = None,
+    parent_run_id: str | None = None,
+    track: bool = True,
+    resume: Resume | None = None,
+) -> Result:
+    """Train `cfg` once, logging to MLflow; `trial` (Optuna) only adds per-epoch pruning;
+    `resume` carries on from a last-epoch checkpoint (accel.train.checkpoint)."""
+    from accel.tracking import scratch_dir
+
+    started = time.perf_counter()
+    parts = build(cfg)
+    if resume is not None:
+        restore(parts, resume.state)
+        _report_earlier_epochs(trial, parts)
+    stopped = _stop_errors(trial)  # a pruned trial, Ctrl-C or SIGTERM: the run ends KILLED
+    status, error = "FAILED", None
+    with scratch_dir() as scratch:
+        run = (open_run(parts, run_name, tags, parent_run_id, Path(scratch), resume) if track
+               else RunLog())
+        attach_epoch_handlers(parts, run, trial)
+        try:
+            final = run_epochs(parts)
+            best = find_best_epoch(parts.history, cfg.search.metric, cfg.search.direction)
+            log_results(parts, run, final, best)
+            status = "FINISHED"
+        except BaseException as e:
+            stop = isinstance(e, stopped) or signals.stop_requested()
+            status, error = ("KILLED" if stop else "FAILED"), e
+            if stop and not isinstance(e, stopped):  # the signal landed inside torch.save, say
+                raise KeyboardInterrupt from e
+            raise
+        finally:
+            run.end(status, error)
+    return Result(run.run_id, final, parts.history, len(parts.history),
+                  time.perf_counter() - started, best)
+
+
+def _stop_errors(trial: Any) -> tuple[type[BaseException], ...]:
+    if trial is None:
+        return (KeyboardInterrupt,)
+    import optuna
+
+    return (KeyboardInterrupt, optuna.TrialPruned)
+
+
+def _report_earlier_epochs(trial: Any, parts: Parts) -> None:
+    """A retried trial tells Optuna the epochs its predecessor ran (pruners compare curves)."""
+    if trial is not None:
+        for epoch, row in enumerate(parts.history, start=1):
+            trial.report(row[parts.cfg.search.metric], epoch)
+
+
+def describe(result: Result) -> str:
+    shown = {k: v for k, v in result.metrics.items() if k in METRIC_NAMES or k.startswith("test_")}
+    parts = " ".join(f"{k}={v:.4g}" for k, v in shown.items() if math.isfinite(v))
+    return f"run {result.run_id}: {result.epochs} epochs in {result.wall_time_s:.1f}s  {parts}"

@@ -1,0 +1,244 @@
+"""The last-epoch checkpoint: all a run needs to carry on after its last completed epoch.
+
+It holds the weights, the optimizer, scheduler and GradScaler states, the trainer's position and
+the train loader's (which shuffle, how far into it: `Batches`), the epochs' metrics and every
+random state (Python, NumPy, torch, CUDA), taken after the epoch's evaluation, the last thing an
+epoch does that draws randomness. Restored into a freshly built run, training goes on exactly as
+if it had never stopped (bitwise on CPU with `data.num_workers=0`; loader workers keep their own
+random streams, which restart).
+
+In MLflow it lives in two artifact slots, `checkpoint/last-a.pt` (odd epochs) and
+`checkpoint/last-b.pt` (even epochs): a process killed while one slot is written leaves the other,
+one epoch older, loadable. On disk each file is written to a temporary name and renamed.
+Checkpoints are read with `torch.load(weights_only=True)`: one holding pickled Python objects is
+refused, never executed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accel.errors import ConfigError, one_line
+
+ARTIFACT_DIR = "checkpoint"
+SLOTS = ("last-b.pt", "last-a.pt")  # indexed by epoch % 2: epoch 1 -> last-a.pt
+BEST = "best.pt"
+FORMAT = 1
+
+
+@dataclass
+class Resume:
+    """Where a run carries on from: a checkpoint, and the run it continues."""
+
+    state: dict[str, Any]
+    source_run_id: str  # the run whose checkpoint this is
+    same_run: bool  # True: `accel resume` goes on in that run; False: a new run (retried trial)
+    best_weights: Path | None = None  # the source run's checkpoint/best.pt, downloaded
+
+    @property
+    def epoch(self) -> int:
+        return int(self.state["epoch"])
+
+
+def slot(epoch: int) -> str:
+    return SLOTS[epoch % 2]
+
+
+# --- where the train loader stands ------------------------------------------------------------
+
+
+class Batches:
+    """The train loader as the trainer reads it. Each pass over the loader starts from a recorded
+    state of its shuffling generator and counts the batches it hands out, so a checkpoint can put
+    a resumed run at the same batch of the same shuffle: with `train.epoch_length` shorter than
+    the loader, one pass (one shuffle) spans several epochs."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.generator: torch.Generator = loader.generator
+        self.pass_start = self.generator.get_state()
+        self.taken = 0  # batches handed out by the current pass
+        self._skip = 0  # batches to skip when the next pass starts (a resumed run)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        skip, self._skip = self._skip, 0
+        self.pass_start, self.taken = self.generator.get_state(), 0
+        batches = iter(self.loader)
+        if skip:
+            with kept_random_states():  # skipped batches must not move the augmentations' RNG
+                for _ in range(skip):
+                    next(batches)
+            self.taken = skip
+        for batch in batches:
+            self.taken += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pass_start": self.pass_start, "taken": self.taken,
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if 0 < state["taken"] < len(self.loader):  # stopped inside a pass: replay its shuffle
+            self.generator.set_state(state["pass_start"])
+            self._skip = state["taken"]
+        else:  # at a pass boundary: the next pass starts from the generator as it was
+            self.generator.set_state(state["generator"])
+
+
+# --- capture and restore ----------------------------------------------------------------------
+
+
+def capture(parts) -> dict[str, Any]:
+    """The state at the end of the trainer's current epoch (`parts`: accel.train.parts.Parts)."""
+    step, trainer = parts.step, parts.trainer
+    return {
+        "format": FORMAT,
+        "epoch": trainer.state.epoch,
+        "model": parts.bare.state_dict(),
+        "optimizer": step.optimizer.state_dict(),
+        "scheduler": step.scheduler.state_dict() if step.scheduler is not None else None,
+        "scaler": step.scaler.state_dict() if step.scaler is not None else None,
+        "trainer": dict(trainer.state_dict()),
+        "updates": step.updates,
+        "history": [dict(row) for row in parts.history],
+        "batches": parts.batches.state_dict(),
+        "rng": random_states(),
+    }
+
+
+def restore(parts, state: dict[str, Any]) -> None:
+    """Put `state` (from `capture`) into a freshly built run of the same config."""
+    saved = state["trainer"]
+    if (saved["epoch_length"], saved["max_epochs"]) != (parts.epoch_length,
+                                                        parts.cfg.train.epochs):
+        raise ConfigError(
+            f"the checkpoint is of a run with {saved['max_epochs']} epochs of "
+            f"{saved['epoch_length']} batches, this config has {parts.cfg.train.epochs} of "
+            f"{parts.epoch_length}: resume the run with the config it logged")
+    step = parts.step
+    parts.bare.load_state_dict(state["model"])
+    step.optimizer.load_state_dict(state["optimizer"])
+    if step.scheduler is not None:
+        step.scheduler.load_state_dict(state["scheduler"])
+    if step.scaler is not None and state["scaler"] is not None:
+        step.scaler.load_state_dict(state["scaler"])
+    parts.trainer.load_state_dict(saved)
+    step.updates = state["updates"]
+    parts.history[:] = state["history"]
+    parts.batches.load_state_dict(state["batches"])
+    set_random_states(state["rng"])
+
+
+class kept_random_states:  # noqa: N801 (a context manager, used like a function)
+    """Python, NumPy and torch random states as they were on entry, again on exit."""
+
+    def __enter__(self):
+        self.states = random_states()
+
+    def __exit__(self, *exc) -> None:
+        set_random_states(self.states)
+
+
+def random_states() -> dict[str, Any]:
+    import numpy as np
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        # As plain tensors and numbers: weights_only loading takes no NumPy arrays.
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+    }
+
+
+def set_random_states(states: dict[str, Any]) -> None:
+    import numpy as np
+
+    random.setstate(states["python"])
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+def save(obj: Any, path: Path) -> None:
+    """`torch.save` to a temporary name, flushed to disk, then renamed over `path`: a crash
+    mid-write leaves the previous file whole."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class UnreadableCheckpoint(Exception):
+    """A truncated or damaged checkpoint file (a write that was cut short)."""
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A checkpoint, tensors and plain containers only (`weights_only=True`)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConfigError(f"checkpoint {path} holds pickled Python objects, not only tensors: "
+                          f"refused (torch.load weights_only=True): {one_line(e)[:200]}") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise UnreadableCheckpoint(f"{path.name}: {one_line(e)[:200]}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UnreadableCheckpoint(f"{path.name}: not an accel checkpoint of format {FORMAT}")
+    return state
+
+
+# --- in MLflow --------------------------------------------------------------------------------
+
+
+def upload(tracker, run_id: str, state: dict[str, Any], scratch: Path) -> None:
+    """Write `state` into its slot of the run's artifacts."""
+    path = scratch / slot(state["epoch"])
+    save(state, path)
+    try:
+        tracker.log_artifact(run_id, path, ARTIFACT_DIR)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def download(tracker, run_id: str, dest: Path, *, best: bool = True) -> tuple[Resume | None,
+                                                                             list[str]]:
+    """The newest loadable slot of `run_id` (and its best.pt), with notes on slots that were
+    damaged. None when the run has no checkpoint."""
+    names = {Path(f.path).name for f in tracker.client.list_artifacts(run_id, ARTIFACT_DIR)}
+    newest, notes = None, []
+    for name in sorted(set(SLOTS) & names):
+        path = Path(tracker.client.download_artifacts(run_id, f"{ARTIFACT_DIR}/{name}", str(dest)))
+        try:
+            state = load(path)
+        except UnreadableCheckpoint as e:
+            notes.append(f"run {run_id}: {ARTIFACT_DIR}/{e} (cut short?): skipped")
+            continue
+        finally:
+            path.unlink(missing_ok=True)
+        if newest is None or state["epoch"] > newest["epoch"]:
+            newest = state
+    if newest is None:
+        return None, notes
+    weights = None
+    if best and BEST in names:
+        weights = Path(tracker.client.download_artifacts(run_id, f"{ARTIFACT_DIR}/{BEST}",
+                                                         str(dest)))
+    return Resume(newest, run_id, same_run=True, best_weights=weights), notes

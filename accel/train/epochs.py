@@ -1,0 +1,127 @@
+"""The per-epoch work: time the training, evaluate, log one point per metric, keep the best
+epoch's weights and the last epoch's checkpoint, let Optuna prune; and the loop that runs it."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from typing import Any
+
+import torch
+
+from accel.errors import NonFiniteLoss
+from accel.train.parts import Parts
+from accel.train.run_log import RunLog
+
+
+def find_best_epoch(history: list[dict[str, float]], metric: str, direction: str) -> int:
+    """1-based index of the best epoch; the earliest one wins a tie."""
+    if not history:
+        return 0
+    sign = 1.0 if direction == "maximize" else -1.0
+    best = max(range(len(history)), key=lambda i: (sign * history[i][metric], -i))
+    return best + 1
+
+
+def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
+    """Per epoch: time the training (evaluation excluded), evaluate, log one point per metric,
+    keep the best epoch's weights and the last epoch's checkpoint, and let Optuna prune."""
+    from ignite.engine import Events
+
+    trainer, cfg = parts.trainer, parts.cfg
+    metric, direction = cfg.search.metric, cfg.search.direction
+    pruning = None
+    if trial is not None:
+        from optuna_integration import PyTorchIgnitePruningHandler
+
+        pruning = PyTorchIgnitePruningHandler(trial, metric.removeprefix("val_"), trainer)
+    verbose = sys.stderr.isatty()
+    if verbose:
+        from ignite.handlers import ProgressBar
+
+        ProgressBar(persist=False).attach(trainer,
+                                          output_transform=lambda out: {"loss": out["loss"]})
+    clock = {"t0": 0.0}
+
+    @trainer.on(Events.EPOCH_STARTED)
+    def _start_clock(_) -> None:
+        synchronize(parts.device)
+        clock["t0"] = time.perf_counter()
+
+    @trainer.on(Events.EPOCH_COMPLETED)
+    def _end_epoch(_) -> None:
+        if trainer.should_terminate:
+            return
+        row = epoch_row(parts, clock["t0"])
+        parts.history.append(row)
+        if find_best_epoch(parts.history, metric, direction) == len(parts.history):
+            run.best_weights(parts.bare)
+        # The checkpoint (after every draw of randomness this epoch makes) before the epoch's
+        # metrics: a run stopped between the two logs them when it resumes, so every epoch is
+        # logged exactly once.
+        run.last_state(parts)
+        run.metrics(row, step=trainer.state.epoch)
+        if verbose:
+            print(f"epoch {trainer.state.epoch}/{cfg.train.epochs} "
+                  + " ".join(f"{k}={v:.4g}" for k, v in row.items()), file=sys.stderr)
+        if pruning is not None:
+            pruning(parts.evaluator)  # reports this epoch's metric; raises optuna.TrialPruned
+
+
+def epoch_row(parts: Parts, t0: float) -> dict[str, float]:
+    """The epoch's metrics: training loss and speed since `t0`, then validation."""
+    step = parts.step
+    stats = step.stats.summary()  # reads device tensors: a sync point
+    synchronize(parts.device)
+    seconds = time.perf_counter() - t0
+    val = parts.evaluator.run(parts.data.val).metrics
+    row = {
+        "train_loss": stats["train_loss"],
+        "val_loss": val["loss"],
+        "val_accuracy": val["accuracy"],
+        "val_f1": float(val["f1"]),
+        "epoch_time_s": seconds,
+        "train_throughput": step.stats.samples / seconds,
+        "lr": step.optimizer.param_groups[0]["lr"],
+        "peak_memory_mb": peak_memory_mb(parts.device),
+        "grad_norm": stats["grad_norm"],
+    }
+    if step.scaler is not None:
+        row["skipped_updates"] = stats["skipped_updates"]
+    return row
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux -> MiB
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so wall-clock times count it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --- run and finish ---------------------------------------------------------------------------
+
+
+def run_epochs(parts: Parts) -> dict[str, float]:
+    """Train all epochs; the last epoch's metrics, plus test_* where a test split exists."""
+    t, trainer = parts.cfg.train, parts.trainer
+    if trainer.state.epoch < t.epochs:  # a run resumed after its last epoch has none left
+        trainer.run(parts.batches, max_epochs=t.epochs, epoch_length=parts.epoch_length)
+    last_loss = trainer.state.output["loss"] if trainer.state.output else torch.tensor(0.0)
+    if not torch.isfinite(last_loss).all():
+        raise NonFiniteLoss(
+            f"loss became {float(last_loss)} at epoch {trainer.state.epoch} "
+            f"(train.lr={t.lr}); the run is marked FAILED"
+        )
+    final = dict(parts.history[-1])
+    if parts.data.test is not None:
+        test = parts.evaluator.run(parts.data.test).metrics
+        final.update(test_loss=test["loss"], test_accuracy=test["accuracy"],
+                     test_f1=float(test["f1"]))
+    return final
+

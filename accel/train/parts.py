@@ -1,0 +1,86 @@
+"""Everything one run is made of (data, model, update step, trainer, evaluator), built from a
+config before anything is logged."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from accel import engine, models
+from accel.config import Config
+from accel.train.checkpoint import Batches
+
+
+@dataclass
+class Parts:
+    """Everything one run is made of, built before anything is logged."""
+
+    cfg: Config
+    device: torch.device
+    data: Any  # accel.data.Data
+    bare: torch.nn.Module  # the uncompiled module: its state_dict keys load anywhere
+    step: engine.UpdateStep
+    trainer: Any  # ignite Engine around `step`
+    evaluator: Any  # ignite Engine: accuracy, F1, loss, confusion matrix
+    amp_dtype: torch.dtype | None
+    epoch_length: int  # micro-batches per epoch
+    batches: Any  # accel.train.checkpoint.Batches: the train loader, as the trainer reads it
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+
+def build(cfg: Config) -> Parts:
+    """Data, model, update step, trainer and evaluator for `cfg` (nothing logged yet)."""
+    from accel.data import build_data
+
+    t = cfg.train
+    models.check_model_name(cfg.model.name)  # a bad name fails before any data is read
+    device = engine.resolve_device(t.device)
+    seed_everything(t.seed, t.deterministic)
+    data = build_data(cfg, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # this run's peak, not the process's
+    bare = models.build_model(cfg, data.num_classes, data.in_chans, data.img_size)
+    model = models.prepare_model(bare, cfg, device)
+
+    amp_dtype = engine.resolve_amp(t.amp, device)
+    epoch_length = t.epoch_length or len(data.train)
+    optimizer = engine.build_optimizer(model, t)
+    non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
+    step = engine.UpdateStep(
+        model,
+        optimizer,
+        torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing),
+        device,
+        accumulation_steps=t.accumulation_steps,
+        amp_dtype=amp_dtype,
+        scaler=engine.build_scaler(amp_dtype, device),
+        clip_grad_norm=t.clip_grad_norm,
+        scheduler=engine.build_scheduler(optimizer, t, epoch_length),
+        channels_last=t.channels_last,
+        non_blocking=non_blocking,
+    )
+    evaluator = engine.create_evaluator(model, data.num_classes, device, amp_dtype=amp_dtype,
+                                        channels_last=t.channels_last, non_blocking=non_blocking)
+    return Parts(cfg, device, data, bare, step, engine.create_trainer(step), evaluator,
+                 amp_dtype, epoch_length, Batches(data.train))
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seeds python, numpy and torch; deterministic kernels when asked (slower on GPU)."""
+    from ignite.utils import manual_seed
+
+    manual_seed(seed)
+    if deterministic:
+        # cuBLAS needs a fixed workspace to be deterministic; set before the first CUDA call.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.benchmark = True  # pick the fastest conv kernels for fixed shapes
+

@@ -1,0 +1,172 @@
+"""The run's MLflow side: open it (or reopen it, to resume), log each epoch, keep its checkpoints,
+log the results, end it. Without a tracker (`track=False`) every call does nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import accel.train.checkpoint as checkpoint
+from accel.console import warn
+from accel.errors import one_line
+from accel.tracking import retry_locked
+from accel.train.checkpoint import Resume
+from accel.train.parts import Parts
+
+
+class RunLog:
+    """Writes are retried while SQLite says "database is locked" (processes share a store)."""
+
+    def __init__(self, tracker=None, run_id: str | None = None, scratch: Path | None = None,
+                 keep_checkpoints: bool = False):
+        self.tracker, self.run_id = tracker, run_id
+        self.scratch, self.keep_checkpoints = scratch, keep_checkpoints
+
+    def metrics(self, values: dict[str, float], step: int) -> None:
+        if self.tracker:
+            retry_locked(self.tracker.log_metrics, self.run_id, values, step=step)
+
+    def best_weights(self, model: torch.nn.Module) -> None:
+        """`checkpoint/best.pt` (a state_dict), logged as soon as an epoch beats the others."""
+        if self.tracker and self.keep_checkpoints:
+            path = self.scratch / checkpoint.BEST
+            checkpoint.save(model.state_dict(), path)
+            self.tracker.log_artifact(self.run_id, path, checkpoint.ARTIFACT_DIR)
+
+    def last_state(self, parts: Parts) -> None:
+        """The last-epoch checkpoint (`accel resume` carries on from it)."""
+        if self.tracker and self.keep_checkpoints:
+            checkpoint.upload(self.tracker, self.run_id, checkpoint.capture(parts), self.scratch)
+
+    def end(self, status: str, error: BaseException | None = None) -> None:
+        """End the run with `status`. While `error` propagates, a failure to reach the store
+        is only reported: it must not replace the error that ended the run."""
+        if not self.tracker:
+            return
+        try:
+            retry_locked(self.tracker.end_run, self.run_id, status)
+        except Exception as e:
+            if error is None:
+                raise
+            warn(f"could not mark run {self.run_id} {status}: {one_line(e)}")
+
+
+def open_run(parts: Parts, run_name: str | None, tags: dict[str, str] | None,
+             parent_run_id: str | None, scratch: Path, resume: Resume | None = None) -> RunLog:
+    """The MLflow run: the whole config and what it resolved to here, and the environment. A
+    resumed run is the same run again (`accel resume`) or a new one that starts with the
+    resumed run's epochs (a trial retried after its worker died)."""
+    from accel.tracking import Tracker
+
+    cfg = parts.cfg
+    tracker = Tracker(cfg.tracking.uri)
+    keep = cfg.tracking.log_checkpoint
+    if resume is not None and resume.same_run:
+        run = RunLog(tracker, resume.source_run_id, scratch, keep)
+        _guarded(run, _reopen, parts, resume)
+        return run
+    run_id = retry_locked(
+        tracker.start_run,
+        cfg.tracking.experiment or cfg.name,
+        run_name or f"train-{cfg.model.name}",
+        tags={"accel.role": "train", **(tags or {})},
+        parent_run_id=parent_run_id,
+    )
+    run = RunLog(tracker, run_id, scratch, keep)
+    _guarded(run, _log_recipe, parts)
+    if resume is not None:
+        _guarded(run, _carry_over, parts, resume)
+    return run
+
+
+def _guarded(run: RunLog, fn, *args) -> None:
+    """A run that never trained must not stay RUNNING."""
+    try:
+        fn(run, *args)
+    except BaseException as e:
+        run.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", e)
+        raise
+
+
+def _log_recipe(run: RunLog, parts: Parts) -> None:
+    from accel.tracking import environment
+
+    cfg, tracker = parts.cfg, run.tracker
+    amp = str(parts.amp_dtype).replace("torch.", "") if parts.amp_dtype else "off"
+    retry_locked(tracker.log_config, run.run_id, cfg, {
+        "effective_batch_size": cfg.train.effective_batch_size,
+        "resolved.device": str(parts.device),
+        "resolved.amp": amp,
+        "resolved.num_classes": parts.data.num_classes,
+        "resolved.train_size": len(parts.data.train.dataset),
+    })
+    env = environment(str(parts.device), cfg.train.seed)
+    retry_locked(tracker.log_json, run.run_id, env, "environment.json")
+
+
+def _reopen(run: RunLog, parts: Parts, resume: Resume) -> None:
+    """RUNNING again, tagged with the epoch it carries on from; this machine's environment."""
+    from accel.tracking import environment
+
+    retry_locked(run.tracker.client.update_run, run.run_id, status="RUNNING")
+    retry_locked(run.tracker.set_tags, run.run_id, {"accel.resumed_from_epoch": resume.epoch})
+    env = environment(str(parts.device), parts.cfg.train.seed)
+    retry_locked(run.tracker.log_json, run.run_id, env,
+                 f"environment-resumed-epoch{resume.epoch}.json")
+    logged = retry_locked(run.tracker.client.get_metric_history, run.run_id,
+                          parts.cfg.search.metric)
+    _log_epochs(run, resume, skip={m.step for m in logged})
+
+
+def _log_epochs(run: RunLog, resume: Resume, skip: set[int]) -> None:
+    """The checkpoint's epochs not logged yet (a run stopped between its checkpoint and its
+    metrics; or a new run that carries on from another)."""
+    for epoch, row in enumerate(resume.state["history"], start=1):
+        if epoch not in skip:
+            run.metrics(row, step=epoch)
+
+
+def _carry_over(run: RunLog, parts: Parts, resume: Resume) -> None:
+    """The new run starts where the old one stopped: its epochs' metrics, best weights and
+    checkpoint, and tags naming it."""
+    tracker = run.tracker
+    retry_locked(tracker.set_tags, run.run_id, {"accel.resumed_from": resume.source_run_id,
+                                                 "accel.resumed_from_epoch": resume.epoch})
+    _log_epochs(run, resume, skip=set())
+    if run.keep_checkpoints:
+        if resume.best_weights is not None:
+            tracker.log_artifact(run.run_id, resume.best_weights, checkpoint.ARTIFACT_DIR)
+        checkpoint.upload(tracker, run.run_id, resume.state, run.scratch)
+
+
+def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -> None:
+    """test_* metrics, the best epoch and its metric, the confusion matrix of the last
+    evaluation (best.pt was logged when its epoch ended)."""
+    if run.tracker is None:
+        return
+    metric = parts.cfg.search.metric
+    summary = {k: v for k, v in final.items() if k.startswith("test_")}
+    summary.update({"best_epoch": best, f"best_{metric}": parts.history[best - 1][metric]})
+    run.metrics(summary, step=parts.trainer.state.epoch)
+    if "confusion_matrix" not in parts.evaluator.state.metrics:  # resumed with no epoch left
+        parts.evaluator.run(parts.data.val)
+    matrix = parts.evaluator.state.metrics["confusion_matrix"]
+    _log_confusion_matrix(run.tracker, run.run_id, matrix, parts.data.classes)
+
+
+def _log_confusion_matrix(tracker, run_id: str, matrix: torch.Tensor, classes: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.metrics import ConfusionMatrixDisplay
+
+    side = max(4.0, 0.45 * len(classes))
+    fig, ax = plt.subplots(figsize=(side, side))
+    ConfusionMatrixDisplay(matrix.cpu().numpy(), display_labels=classes).plot(
+        ax=ax, colorbar=False, include_values=len(classes) <= 20, xticks_rotation="vertical"
+    )
+    fig.tight_layout()
+    tracker.log_figure(run_id, fig, "confusion_matrix.png")
+    plt.close(fig)

@@ -1,0 +1,300 @@
+"""Resume: a run stopped after epoch k and carried on by `accel resume` ends bitwise equal to the
+same run never stopped (weights and every logged metric but the clock's); checkpoints survive a
+process killed mid-write; a checkpoint holding pickled objects is refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from accel.cli import main
+from accel.train import checkpoint
+from tests.conftest import ROOT, TINY_OVERRIDES, run_cli
+
+# Accumulation with a short last window (10 micro-batches, windows of 4), a warm-up then cosine
+# schedule: every piece of state the resume has to carry matters here.
+RESUMABLE = [*TINY_OVERRIDES, "train.epochs=3", "train.epoch_length=10",
+             "train.accumulation_steps=4", "train.scheduler=cosine", "train.warmup_epochs=1"]
+# What must match bitwise; the clock's metrics (epoch_time_s, train_throughput, peak memory)
+# cannot.
+EXACT = ("train_loss", "val_loss", "val_accuracy", "val_f1", "lr", "grad_norm")
+
+
+def client(store: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=store)
+
+
+def new_store(folder: Path) -> str:
+    """An MLflow store made before a child process starts: the test polls it while the child
+    runs, and two processes must not create a fresh store's tables at once."""
+    (folder / "mlruns").mkdir(parents=True, exist_ok=True)
+    store = f"sqlite:///{folder / 'mlruns' / 'mlflow.db'}"
+    client(store).search_experiments()
+    return store
+
+
+def only_run(store: str) -> str:
+    c = client(store)
+    runs = c.search_runs([e.experiment_id for e in c.search_experiments()])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    return runs[0].info.run_id
+
+
+def curves(store: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    c = client(store)
+    return {name: sorted((m.step, m.value) for m in c.get_metric_history(run_id, name))
+            for name in [*EXACT, "best_epoch", "best_val_accuracy"]}
+
+
+def weights(store: str, run_id: str, name: str, tmp_path: Path) -> dict[str, torch.Tensor]:
+    dest = tmp_path / f"{run_id}-{name}"
+    dest.mkdir(parents=True)
+    path = client(store).download_artifacts(run_id, f"checkpoint/{name}", str(dest))
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return state["model"] if name.startswith("last") else state
+
+
+def stop_after_epoch(monkeypatch, k: int) -> None:
+    """Ctrl-C right after epoch k's checkpoint is written."""
+    from accel.train.run_log import RunLog
+
+    original = RunLog.last_state
+
+    def last_state(self, parts):
+        original(self, parts)
+        if parts.trainer.state.epoch == k:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunLog, "last_state", last_state)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The run never interrupted."""
+    tmp = tmp_path_factory.mktemp("reference")
+    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    assert main(["train", *RESUMABLE, "--tracking-uri", store]) == 0
+    return store, only_run(store), tmp
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one(k, reference, tmp_path,
+                                                                 monkeypatch):
+    ref_store, ref_run, ref_tmp = reference
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with monkeypatch.context() as m:
+        stop_after_epoch(m, k)
+        assert main(["train", *RESUMABLE, "--tracking-uri", store]) == 130
+    run_id = only_run(store)
+    assert client(store).get_run(run_id).info.status == "KILLED"
+    # Stopped between epoch k's checkpoint and its metrics: the resume logs them.
+    assert [s for s, _ in curves(store, run_id)["val_loss"]] == list(range(1, k))
+
+    out = run_cli("resume", run_id, "--tracking-uri", store)  # a fresh process
+    assert out.returncode == 0, out.stderr
+    assert f"after epoch {k} of 3" in out.stderr
+    run = client(store).get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["accel.resumed_from_epoch"] == str(k)
+    assert curves(store, run_id) == curves(ref_store, ref_run)  # each epoch once, same values
+    for name in ("last-a.pt", "best.pt"):  # epoch 3's checkpoint slot; the best epoch's weights
+        mine, ref = weights(store, run_id, name, tmp_path), weights(ref_store, ref_run, name,
+                                                                    ref_tmp / str(k))
+        assert mine.keys() == ref.keys()
+        assert all(torch.equal(mine[key], ref[key]) for key in ref), name
+
+
+def test_a_finished_run_or_one_without_checkpoint_is_not_resumed(reference, tmp_path):
+    ref_store, ref_run, _ = reference
+    out = run_cli("resume", ref_run, "--tracking-uri", ref_store)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"accel: error: run {ref_run} is FINISHED: nothing to resume "
+        f"(`accel reproduce {ref_run}` trains it again)")
+    out = run_cli("resume", "0123456789abcdef", "--tracking-uri", ref_store)
+    assert out.returncode == 2 and "no run '0123456789abcdef'" in out.stderr
+
+
+# A real process killed (SIGKILL) while it writes epoch 2's checkpoint into an artifact store that
+# writes in place (MLflow's local store itself writes to a temporary name and renames): half the
+# file lands, then the process dies as the kernel would kill it.
+KILL_MID_WRITE = """
+import os, signal, sys
+from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+real = LocalArtifactRepository.log_artifact
+def log_artifact(self, local_file, artifact_path=None):
+    if local_file.endswith("last-b.pt"):
+        folder = os.path.join(self.artifact_dir, artifact_path or "")
+        os.makedirs(folder, exist_ok=True)
+        data = open(local_file, "rb").read()
+        with open(os.path.join(folder, "last-b.pt"), "wb") as f:
+            f.write(data[: len(data) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, local_file, artifact_path)
+LocalArtifactRepository.log_artifact = log_artifact
+from accel.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run([sys.executable, "-c", KILL_MID_WRITE, "train", *RESUMABLE,
+                           "--tracking-uri", store], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    run_id = only_run(store)
+    assert client(store).get_run(run_id).info.status == "RUNNING"  # nobody could end it
+
+    out = run_cli("resume", run_id, "--tracking-uri", store)
+    assert out.returncode == 0, out.stderr
+    assert "checkpoint/last-b.pt" in out.stderr and "skipped" in out.stderr  # the cut file
+    assert "after epoch 1 of 3" in out.stderr  # from the slot written before it
+    assert client(store).get_run(run_id).info.status == "FINISHED"
+    assert [s for s, _ in curves(store, run_id)["val_loss"]] == [1, 2, 3]
+
+
+def test_an_interrupted_write_leaves_the_file_it_replaces_whole(tmp_path, monkeypatch):
+    path = tmp_path / "last-a.pt"
+    checkpoint.save({"format": 1, "epoch": 1}, path)
+
+    def broken_save(obj, f):
+        f.write(b"PK\x03\x04 half a zip")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError):
+        checkpoint.save({"format": 1, "epoch": 3}, path)
+    monkeypatch.undo()
+    assert checkpoint.load(path)["epoch"] == 1
+
+
+class Payload:
+    """Stands for anything a pickle could build (and run) on load."""
+
+
+def test_a_checkpoint_holding_pickled_objects_is_refused(reference, tmp_path):
+    """Resume reads checkpoints with weights_only=True: a planted object is never built."""
+    ref_store, ref_run, _ = reference
+    store = new_store(tmp_path)
+    run_id, code, _ = interrupt(["train", *RESUMABLE, "train.epochs=30", "--tracking-uri", store],
+                                lambda: wait_for_epoch(store, 1), signal.SIGTERM)
+    assert code == 143
+    planted = tmp_path / "last-a.pt"
+    torch.save({"format": 1, "epoch": 99, "payload": Payload()}, planted)
+    client(store).log_artifact(run_id, str(planted), "checkpoint")
+
+    out = run_cli("resume", run_id, "--tracking-uri", store)
+    assert out.returncode == 2
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("accel: error: checkpoint ") and "last-a.pt" in line
+    assert "refused (torch.load weights_only=True)" in line
+    assert client(store).get_run(run_id).info.status == "KILLED"  # untouched
+
+
+def interrupt(args: list[str], wait, sig: int, env: dict | None = None):
+    """Start `accel ARGS` in its own session, wait until `wait()` answers, send `sig` to its
+    whole process group: (what `wait` answered, the exit code, stderr)."""
+    with open(os.devnull, "w") as quiet:
+        proc = subprocess.Popen([sys.executable, "-m", "accel", *args], cwd=ROOT,
+                                env={**os.environ, **(env or {})}, stdout=quiet,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        answer = wait()
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return answer, proc.returncode, err
+
+
+def wait_for_epoch(store: str, epoch: int, timeout_s: float = 120) -> str:
+    """The run id once the only run has logged `epoch` epochs (and so has their checkpoint)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            run_id = only_run(store)
+            if len(client(store).get_metric_history(run_id, "val_loss")) >= epoch:
+                return run_id
+        except Exception:
+            pass  # the store or the run is not there yet
+        time.sleep(0.5)
+    raise AssertionError(f"no epoch {epoch} within {timeout_s} s")
+
+
+# --- a trial whose worker died carries on from its checkpoint ---------------------------------
+
+
+@pytest.mark.parametrize("storage_kind", ["journal", "sqlite"])
+def test_a_retried_trial_carries_on_from_the_dead_trials_checkpoint(storage_kind, tmp_path):
+    """A worker killed with SIGKILL mid-trial: the next `accel tune` fails the trial (journal:
+    its process is gone; database: its heartbeats stopped), queues it again with the same
+    values, and the retry starts after the dead trial's last checkpointed epoch, in a new run
+    that holds every epoch once."""
+    import optuna
+    import yaml
+
+    exp = tmp_path / "retry.yaml"
+    exp.write_text(yaml.safe_dump({
+        "data": {"dataset": "digits", "num_workers": 0},
+        "model": {"name": "test_resnet", "img_size": 16},
+        "train": {"epochs": 12, "epoch_length": 10, "batch_size": 16, "device": "cpu",
+                  "amp": "off", "accumulation_steps": 4, "warmup_epochs": 1},
+        "search": {"pruner": "none", "space": {
+            "train.lr": {"type": "float", "low": 1.0e-3, "high": 2.0e-3}}},
+    }))
+    store = new_store(tmp_path)
+    storage = (str(tmp_path / "optuna.journal") if storage_kind == "journal"
+               else f"sqlite:///{tmp_path / 'optuna.db'}")
+    args = ["tune", str(exp), "--study", "r", "--n-trials", "1", "--storage", storage,
+            "--tracking-uri", store]
+    env = {"ACCEL_HEARTBEAT_S": "1", "ACCEL_GRACE_S": "2"}
+    dead_run, code, _ = interrupt(args, lambda: wait_for_trial_epochs(store, 2), signal.SIGKILL,
+                                  env)
+    assert code == -signal.SIGKILL
+    dead_epochs = curves(store, dead_run)["val_loss"]
+    time.sleep(3)  # past the grace period: the dead trial's heartbeat is stale
+
+    out = run_cli(*args, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    study = optuna.load_study(study_name="r", storage=(
+        optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
+        if storage_kind == "journal" else storage))
+    first, retry = study.trials
+    assert (first.state.name, retry.state.name) == ("FAIL", "COMPLETE")
+    assert retry.params == first.params
+    assert retry.system_attrs["failed_trial"] == first.number
+    run = client(store).get_run(retry.user_attrs["mlflow_run_id"])
+    assert run.data.tags["accel.resumed_from"] == dead_run
+    k = int(run.data.tags["accel.resumed_from_epoch"])
+    assert k >= 2 and f"carries on after epoch {k} of run {dead_run}" in out.stderr
+    assert client(store).get_run(dead_run).info.status == "FAILED"
+    mine = curves(store, run.info.run_id)["val_loss"]
+    assert [s for s, _ in mine] == list(range(1, 13))  # every epoch once
+    assert mine[:k] == dead_epochs[:k]  # the dead trial's epochs, carried over as they were
+
+
+def wait_for_trial_epochs(store: str, epochs: int, timeout_s: float = 120) -> str:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            c = client(store)
+            runs = c.search_runs([e.experiment_id for e in c.search_experiments()],
+                                 "tags.`accel.role` = 'trial'")
+            if runs and len(c.get_metric_history(runs[0].info.run_id, "val_loss")) >= epochs:
+                return runs[0].info.run_id
+        except Exception:
+            pass  # the store or the run is not there yet
+        time.sleep(0.5)
+    raise AssertionError(f"no trial run with {epochs} epochs within {timeout_s} s")
