@@ -2,7 +2,8 @@
 
 `ConfigError` (and its subclasses, such as `accel.data.DataError`) is bad input: exit 2.
 `NonFiniteLoss` is a run that failed for a reason the user can act on: exit 1, one line.
-Anything else is a bug or an environment failure and keeps its traceback.
+`OSError` (a full disk, a folder that cannot be written) is the environment's: exit 1, one line
+naming the path. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -20,10 +21,20 @@ class NonFiniteLoss(RuntimeError):
     """The loss became NaN or inf; the run ends FAILED and the CLI exits 1."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message. An error raised in a DataLoader worker comes back
+    with the worker's traceback as its message: its own message is then the last line."""
+    lines = str(error).strip().splitlines()
+    if not lines:
+        return type(error).__name__
+    if len(lines) > 1 and lines[0].startswith("Caught ") and "DataLoader worker" in lines[0]:
+        return lines[-1].split(": ", 1)[-1]  # "accel.data.DataError: <message>"
+    return lines[0]
+
+
 def one_line(error: BaseException) -> str:
     """The first line of an error, with any password in a URL hidden."""
-    text = str(error).strip().splitlines()
-    return redact(text[0] if text else type(error).__name__)[:MAX_LINE]
+    return redact(first_line(error))[:MAX_LINE]
 
 
 def describe_error(error: BaseException) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from accel import config
@@ -124,8 +127,11 @@ def test_config_from_params_inverts_flat(path):
     assert rebuilt == cfg and notes == []
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not an image"])
-def test_an_unreadable_image_is_named_in_one_line(tmp_path, damage):
+@pytest.mark.parametrize("damage,workers", [("truncated", 0), ("not an image", 0),
+                                            ("truncated", 2)])
+def test_an_unreadable_image_is_named_in_one_line(tmp_path, damage, workers):
+    """Also when a DataLoader worker process reads it: torch re-raises the worker's error with
+    the worker's traceback as its message; the user still sees one line naming the file."""
     import numpy as np
     from PIL import Image
 
@@ -140,7 +146,7 @@ def test_an_unreadable_image_is_named_in_one_line(tmp_path, damage):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = run_cli("train", "data.dataset=imagefolder", f"data.root={tmp_path / 'data'}",
                    "model.name=test_resnet", "train.epochs=1", "train.batch_size=4",
-                   "--tracking-uri", store, "--experiment", "bad")
+                   f"data.num_workers={workers}", "--tracking-uri", store, "--experiment", "bad")
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if "mlflow.store.db" not in line]
     assert lines == [lines[-1]] and str(bad) in lines[0], proc.stderr  # one line, the file named
@@ -159,3 +165,56 @@ def test_yaml_that_would_build_python_objects_is_refused(tmp_path):
     assert proc.returncode == 2 and not (tmp_path / "pwned").exists()
     assert proc.stderr.strip().splitlines() == [
         f"accel: error: config file '{evil}' is not valid YAML line 1"]
+
+
+# The artifact store fails with ENOSPC when the run writes its first checkpoint (a fault injected
+# into the real CLI process: the disk of the test machine is not full).
+DISK_FULL = """
+import errno, os, sys
+from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+real = LocalArtifactRepository.log_artifact
+def log_artifact(self, local_file, artifact_path=None):
+    if artifact_path == "checkpoint":
+        target = os.path.join(self.artifact_dir, artifact_path, os.path.basename(local_file))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
+    return real(self, local_file, artifact_path)
+LocalArtifactRepository.log_artifact = log_artifact
+from accel.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _only_run(store: str, experiment: str):
+    import mlflow
+
+    client = mlflow.MlflowClient(store)
+    [run] = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return run
+
+
+def test_a_full_disk_ends_the_run_failed_naming_the_path(tmp_path, tiny_overrides):
+    store = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    proc = subprocess.run([sys.executable, "-c", DISK_FULL, "train", *tiny_overrides,
+                           "--tracking-uri", store, "--experiment", "full"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("accel: error: [Errno 28] No space left on device: ")
+    assert str(tmp_path / "mlruns" / "artifacts" / "full") in last and "checkpoint" in last
+    assert "Traceback" not in proc.stderr
+    assert _only_run(store, "full").info.status == "FAILED"
+
+
+def test_an_artifact_folder_that_cannot_be_written_ends_the_run_failed(tmp_path, tiny_overrides):
+    """Where the experiment's artifacts go is taken by a file (permissions would not stop the
+    root user the tests may run as): the run ends FAILED, the message names the path."""
+    store = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    blocked = tmp_path / "mlruns" / "artifacts" / "blocked"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a folder")
+    proc = run_cli("train", *tiny_overrides, "--tracking-uri", store, "--experiment", "blocked")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("accel: error: ") and str(blocked) in last, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert _only_run(store, "blocked").info.status == "FAILED"

@@ -108,7 +108,10 @@ def amp_dtype(mode: str, device) -> str:
         import torch
 
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16"  # CPU autocast computes in bf16 (AMX / avx512_bf16 where the CPU has them)
+    # CPU: bf16 autocast (AMX / avx512_bf16 where the CPU has them). Unlike `train.amp=auto`,
+    # which stays fp32 on CPU (engine.resolve_amp): ablating amp measures what train.amp=bf16
+    # gives, and the report's header says so.
+    return "bf16"
 
 
 def not_applicable(combo: Combination, plan: AblationPlan) -> str | None:

@@ -187,7 +187,9 @@ def describe_plan(cfg: Config, plan: AblationPlan, repeats: int, device_name: st
     ]
     if "amp" in plan.techniques:
         scaler = " + GradScaler" if plan.amp == "fp16" else ""
-        lines.append(f"amp on = autocast {plan.amp}{scaler}, off = fp32")
+        cpu = ("; on CPU train.amp=auto trains in fp32, so these rows show what an explicit "
+               f"train.amp={plan.amp} gives" if plan.device == "cpu" else "")
+        lines.append(f"amp on = autocast {plan.amp}{scaler}, off = fp32{cpu}")
     lines.append("steady s/epoch = median over epochs 2.. (epoch 1 apart: warm-up, compile); "
                  "speed-up = baseline / combination, paired by repeat; spread = min–max")
     if cfg.train.epochs < 2:
