@@ -2,9 +2,11 @@
 
 Both contenders run the whole `train` (data, model, epochs, validation, test); the tracked one
 also creates the run, logs the ~60 params, config.yaml, environment.json, per-epoch metrics, the
-confusion matrix and the checkpoint into a local SQLite store (created once, before timing, as a
-user's store already exists). Rounds alternate so machine drift hits both alike. Prints the ratio
-last (goal <= 1.02).
+confusion matrix and the checkpoints (best.pt when an epoch is the best so far, the last-epoch
+checkpoint for `accel resume` after every epoch) into a local SQLite store (created once, before
+timing, as a user's store already exists). A third contender tracks without checkpoints
+(`tracking.log_checkpoint=false`), to show what they cost. Rounds alternate so machine drift hits
+all alike. Prints the ratio last (goal <= 1.02).
 
     .venv/bin/python bench/tracking_overhead.py [CONFIG] [KEY=VALUE ...] [--rounds 3]
 
@@ -45,7 +47,12 @@ def main() -> None:
         f"{path}: model {cfg.model.name}, data {cfg.data.dataset}, {cfg.train.epochs} epochs; "
         f"store {cfg.tracking.uri}"
     )
-    contenders = {"tracked": lambda: train(cfg), "untracked": lambda: train(cfg, track=False)}
+    import dataclasses
+
+    bare = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking,
+                                                                 log_checkpoint=False))
+    contenders = {"tracked": lambda: train(cfg), "untracked": lambda: train(cfg, track=False),
+                  "no-ckpt": lambda: train(bare)}
     times = time_rounds(contenders, args.rounds)
     for name, ts in times.items():
         print(f"{name:10s} {summary(ts)}")
@@ -54,6 +61,8 @@ def main() -> None:
         f"tracking cost per run: {seconds[len(seconds) // 2]:.2f} s (median of the paired "
         f"differences; fixed per run, so its share falls as runs get longer)"
     )
+    print_ratio(times, "tracked", "no-ckpt",
+                "checkpoint cost ratio (tracked / tracked without checkpoints)", ".3f")
     print_ratio(
         times, "tracked", "untracked", "tracking overhead ratio (tracked / untracked)", ".3f"
     )

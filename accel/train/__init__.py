@@ -81,9 +81,12 @@ def train(
             best = find_best_epoch(parts.history, cfg.search.metric, cfg.search.direction)
             log_results(parts, run, final, best)
             status = "FINISHED"
+            run.drop_last_state()
         except BaseException as e:
             stop = isinstance(e, stopped) or signals.stop_requested()
             status, error = ("KILLED" if stop else "FAILED"), e
+            if isinstance(e, stopped) and not isinstance(e, KeyboardInterrupt):  # pruned
+                run.drop_last_state()
             if stop and not isinstance(e, stopped):  # the signal landed inside torch.save, say
                 raise KeyboardInterrupt from e
             raise

@@ -9,7 +9,8 @@ random streams, which restart).
 
 In MLflow it lives in two artifact slots, `checkpoint/last-a.pt` (odd epochs) and
 `checkpoint/last-b.pt` (even epochs): a process killed while one slot is written leaves the other,
-one epoch older, loadable. On disk each file is written to a temporary name and renamed.
+one epoch older, loadable. A run that ends FINISHED or pruned drops both (it is not resumed).
+On disk each file is written to a temporary name and renamed.
 Checkpoints are read with `torch.load(weights_only=True)`: one holding pickled Python objects is
 refused, never executed.
 """
@@ -216,6 +217,18 @@ def upload(tracker, run_id: str, state: dict[str, Any], scratch: Path) -> None:
         tracker.log_artifact(run_id, path, ARTIFACT_DIR)
     finally:
         path.unlink(missing_ok=True)
+
+
+def drop(tracker, run_id: str) -> None:
+    """Remove the run's two slots: a run that finished (or was pruned) is not resumed, and
+    each slot weighs the weights plus the optimizer state. best.pt stays."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    run = tracker.client.get_run(run_id)
+    repo = get_artifact_repository(run.info.artifact_uri)
+    names = {Path(f.path).name for f in tracker.client.list_artifacts(run_id, ARTIFACT_DIR)}
+    for name in sorted(set(SLOTS) & names):
+        repo.delete_artifacts(f"{ARTIFACT_DIR}/{name}")
 
 
 def download(tracker, run_id: str, dest: Path, *, best: bool = True) -> tuple[Resume | None,

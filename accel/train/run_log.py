@@ -39,6 +39,15 @@ class RunLog:
         if self.tracker and self.keep_checkpoints:
             checkpoint.upload(self.tracker, self.run_id, checkpoint.capture(parts), self.scratch)
 
+    def drop_last_state(self) -> None:
+        """A finished or pruned run is not resumed: its last-epoch checkpoint goes (best.pt
+        stays). A store that cannot delete only costs space."""
+        if self.tracker and self.keep_checkpoints:
+            try:
+                checkpoint.drop(self.tracker, self.run_id)
+            except Exception as e:
+                warn(f"run {self.run_id}: its last-epoch checkpoint stays: {one_line(e)}")
+
     def end(self, status: str, error: BaseException | None = None) -> None:
         """End the run with `status`. While `error` propagates, a failure to reach the store
         is only reported: it must not replace the error that ended the run."""
