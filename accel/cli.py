@@ -72,6 +72,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return resume.cli_resume(args)
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from accel import evaluate
+
+    items = list(args.items)
+    args.config = items.pop(0) if items and "=" not in items[0] else None
+    return evaluate.cli_evaluate(args, items)
+
+
 def cmd_ablate(args: argparse.Namespace) -> int:
     from accel import ablation
 
@@ -139,6 +147,10 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
     p = command("best", "print a study's best trial, its MLflow run and how to reproduce it",
                 cmd_best, _storage_arg, _tracking_arg)
     p.add_argument("--study", required=True, metavar="NAME")
+    p.add_argument("--register", metavar="NAME", help="log the best trial's weights as an "
+                   "MLflow model and register it as a new version of NAME")
+    p.add_argument("--alias", default="champion", metavar="ALIAS",
+                   help="alias moved to that version (default champion)")
 
     p = command("reproduce", "rerun a logged run from MLflow and compare the numbers",
                 cmd_reproduce, _tracking_arg)
@@ -150,6 +162,13 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
     p = command("resume", "carry an interrupted run on from its last-epoch checkpoint, in the "
                 "same MLflow run", cmd_resume, _tracking_arg)
     p.add_argument("run_id", metavar="RUN_ID")
+
+    p = command("evaluate", "evaluate a logged or registered model on a test split and log "
+                "the evaluation as a run", cmd_evaluate, _tracking_arg)
+    p.add_argument("model_uri", metavar="MODEL_URI",
+                   help="models:/NAME@ALIAS, models:/NAME/VERSION or runs:/RUN_ID/model")
+    p.add_argument("items", nargs="*", metavar="[CONFIG] [KEY=VALUE]",
+                   help="the data (default: the config of the run that logged the model)")
 
     p = command("ablate", "time every on/off combination of GA, AMP and pinned memory",
                 cmd_ablate, _config_args, _tracking_arg)

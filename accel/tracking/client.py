@@ -19,6 +19,7 @@ from accel.uris import redact, resolve_uri, sqlite_path, with_driver
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
 PARAMS_PER_BATCH = 100  # MLflow takes at most 100 params per log_batch
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 _jitter = random.Random()  # its own stream: a retry must not move the training's random state
 
 
@@ -50,7 +51,10 @@ class Tracker:
             return exp.experiment_id
         try:
             location = f"{self.artifact_root}/{name}" if self.artifact_root else None
-            return self.client.create_experiment(name, artifact_location=location)
+            # MLflow 3's UI opens a "model training" experiment on its runs table, not on the
+            # GenAI overview page.
+            return self.client.create_experiment(name, artifact_location=location,
+                                                 tags={EXPERIMENT_KIND: MODEL_TRAINING})
         except Exception:
             exp = self.client.get_experiment_by_name(name)
             if exp is None:

@@ -161,10 +161,10 @@ def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -
     if "confusion_matrix" not in parts.evaluator.state.metrics:  # resumed with no epoch left
         parts.evaluator.run(parts.data.val)
     matrix = parts.evaluator.state.metrics["confusion_matrix"]
-    _log_confusion_matrix(run.tracker, run.run_id, matrix, parts.data.classes)
+    log_confusion_matrix(run.tracker, run.run_id, matrix, parts.data.classes)
 
 
-def _log_confusion_matrix(tracker, run_id: str, matrix: torch.Tensor, classes: list[str]) -> None:
+def log_confusion_matrix(tracker, run_id: str, matrix: torch.Tensor, classes: list[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

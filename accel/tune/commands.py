@@ -134,6 +134,10 @@ def load_existing_study(name: str, storage_url: str | None):
 def cli_best(args) -> int:
     """`accel best`: the best COMPLETE trial, its MLflow run, and the command that reruns it."""
     quiet_libraries(study=True)
+    if args.register:
+        from accel.registry import check_name
+
+        check_name(args.register, args.alias)
     name = args.study
     study = load_existing_study(name, args.storage)
     best = st.best_trial(study)
@@ -158,6 +162,16 @@ def cli_best(args) -> int:
     lines += [f"mlflow run: {run_id} (experiment {name}, {redact(uri)})",
               f"reproduce: {command}"]
     print("\n".join(lines))
+    if args.register:
+        from accel import registry
+
+        tracker = tracker_for(uri)
+        done = registry.register(tracker, run_id, args.register, args.alias, tags={
+            "accel.study": name, "optuna.trial_number": str(best.number),
+            "accel.metric": metric, "accel.value": f"{best.value:.6g}"})
+        print(f"registered: models:/{done.name}@{done.alias} (version {done.version}, "
+              f"{done.serialization}); evaluate: accel evaluate models:/{done.name}@{done.alias}"
+              + (f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""))
     return 0
 
 

@@ -12,6 +12,7 @@ import os
 import re
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 
 from accel.config import Config, ConfigError
@@ -96,6 +97,9 @@ def open_study(cfg: Config, dims: list[Dim], name: str, storage):
     try:
         study = optuna.create_study(study_name=name, storage=storage,
                                     direction=cfg.search.direction)
+        with warnings.catch_warnings():  # "experimental" in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([cfg.search.metric])  # dashboards: not "Objective 0"
         return study, True
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=name, storage=storage)
