@@ -91,6 +91,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     import subprocess
 
     from accel.tracking import Tracker
+    from accel.tracking.store import runs_page
 
     tracker = Tracker(args.tracking_uri)  # creates the local store if it is missing
     # The store goes by environment, not argv: a URL's password never shows in `ps`.
@@ -98,7 +99,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port)]
     if tracker.artifact_root:
         cmd += ["--default-artifact-root", tracker.artifact_root]
-    print(f"MLflow UI on http://127.0.0.1:{args.port} (Ctrl-C stops it)", file=sys.stderr)
+    base = f"http://127.0.0.1:{args.port}"
+    print(f"MLflow UI on {base} (Ctrl-C stops it)", file=sys.stderr)
+    for exp in tracker.client.search_experiments(order_by=["last_update_time DESC"],
+                                                 max_results=10):
+        if exp.name != "Default":
+            print(f"  {exp.name}: {runs_page(base, exp.experiment_id)}", file=sys.stderr)
     return subprocess.call(cmd, env=env)
 
 

@@ -67,7 +67,7 @@ def test_unknown_flag_is_one_line():
 def test_help_answers():
     proc = run_cli("--help")
     assert proc.returncode == 0
-    for command in ("train", "tune", "best", "reproduce", "ablate", "ui"):
+    for command in ("train", "tune", "best", "reproduce", "resume", "evaluate", "ablate", "ui"):
         assert command in proc.stdout
 
 

@@ -83,6 +83,17 @@ def test_experiments_open_on_the_runs_table_and_studies_name_their_metric(study)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     s = optuna.load_study(study_name="s", storage=open_storage(where[1]))
     assert s.metric_names == ["val_accuracy"]
+    # `accel best` says where to look: the study's runs table, not the GenAI overview.
+    assert (f"browse: accel ui --tracking-uri {store}, then open http://127.0.0.1:5000/#/"
+            f"experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
+            in study[2])
+
+
+def test_a_tracking_servers_page_is_linked_without_its_password():
+    from accel.tracking.store import browse_hint
+
+    assert browse_hint("https://alice:s3cret@mlflow.example.org:5000", "7") == (
+        "https://mlflow.example.org:5000/#/experiments/7/runs?workflowType=machine_learning")
 
 
 @pytest.mark.parametrize("uri,says", [
@@ -123,3 +134,19 @@ def test_bad_registered_names_are_refused_before_anything_is_logged(study, name,
     proc = run_cli("best", "--study", "s", "--register", name, "--alias", alias, *where)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines()[-1].startswith("accel: error: --")
+
+
+def test_accel_ui_lists_each_experiments_runs_page(study, monkeypatch, capsys):
+    import subprocess
+
+    from accel.cli import main
+
+    store = study[0]
+    started = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env: started.append(cmd) or 0)
+    assert main(["ui", "--tracking-uri", store, "--port", "5123"]) == 0
+    experiment = client(store).get_experiment_by_name("s")
+    assert (f"  s: http://127.0.0.1:5123/#/experiments/{experiment.experiment_id}/runs"
+            "?workflowType=machine_learning") in capsys.readouterr().err.splitlines()
+    [command] = started
+    assert command[command.index("--host") + 1] == "127.0.0.1"

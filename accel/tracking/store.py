@@ -3,6 +3,7 @@ its artifacts, also in a store copied from another machine (absolute artifact pa
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
@@ -10,9 +11,10 @@ from urllib.request import url2pathname
 
 from accel.errors import ConfigError, one_line
 from accel.tracking.client import Tracker
-from accel.uris import redact, resolve_uri, sqlite_path
+from accel.uris import DEFAULT_URI, redact, resolve_uri, sqlite_path
 
 SIBLING_SUFFIX = "-reproduced"
+UI_URL = "http://127.0.0.1:5000"  # where `accel ui` serves by default
 PROBE_TIMEOUT_S = 10.0
 
 
@@ -137,3 +139,21 @@ def read_artifact(tracker: Tracker, run, local_dir: Path | None, name: str) -> s
             return Path(tracker.client.download_artifacts(run.info.run_id, name, tmp)).read_text()
         except Exception:  # missing artifact, or the artifact store is unreachable
             return None
+
+
+def runs_page(base_url: str, experiment_id: str) -> str:
+    """The experiment's runs table in MLflow 3's UI (the model-training view, nested runs)."""
+    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            "?workflowType=machine_learning")
+
+
+def browse_hint(uri: str, experiment_id: str) -> str:
+    """Where a person sees the experiment: the tracking server's own page, or `accel ui` on a
+    local store and then the page it serves."""
+    if uri.startswith(("http://", "https://")):
+        parts = urlparse(uri)
+        return runs_page(parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl(),
+                         experiment_id)
+    command = "accel ui" + (f" --tracking-uri {shlex.quote(redact(uri))}"
+                            if uri != DEFAULT_URI else "")
+    return f"{command}, then open {runs_page(UI_URL, experiment_id)}"

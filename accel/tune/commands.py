@@ -11,6 +11,7 @@ from accel import signals
 from accel.config import Config, ConfigError
 from accel.console import note, progress, quiet_libraries
 from accel.tracking import retry_locked, tracker_for
+from accel.tracking.store import browse_hint
 from accel.tune import tracking as st
 from accel.tune.nodes import NodeLease, live_nodes
 from accel.tune.storage import default_storage, is_journal, open_storage
@@ -161,6 +162,9 @@ def cli_best(args) -> int:
     lines += [f"  {k}: {_show(v)}" for k, v in best.params.items()]
     lines += [f"mlflow run: {run_id} (experiment {name}, {redact(uri)})",
               f"reproduce: {command}"]
+    experiment = tracker_for(uri).client.get_experiment_by_name(name)
+    if experiment is not None:
+        lines.append(f"browse: {browse_hint(uri, experiment.experiment_id)}")
     print("\n".join(lines))
     if args.register:
         from accel import registry
