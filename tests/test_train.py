@@ -216,3 +216,20 @@ def test_a_trial_reports_its_best_epoch_the_one_checkpointed(tmp_path, monkeypat
                  "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 0
     study = optuna.load_study(study_name="best", storage=tune.open_storage(storage))
     assert study.trials[0].value == 0.9
+
+
+def test_an_error_in_an_epoch_handler_is_not_swallowed(tiny_overrides, store, monkeypatch):
+    """Ignite runs accel's per-epoch work in handlers: an error there ends the run FAILED and
+    reaches the caller as itself (the CLI keeps a bug's traceback), never a silent stop."""
+    import accel.train.epochs as epochs
+
+    def broken(parts, t0):
+        raise ZeroDivisionError("a bug inside the epoch handler")
+
+    monkeypatch.setattr(epochs, "epoch_row", broken)
+    cfg = config.load(None, [*tiny_overrides, f"tracking.uri={store}",
+                             "tracking.experiment=handler"])
+    with pytest.raises(ZeroDivisionError, match="inside the epoch handler"):
+        train(cfg)
+    [run] = runs_in(store, "handler")
+    assert run.info.status == "FAILED"
