@@ -11,10 +11,13 @@ split where there is one, else its validation split); KEY=VALUE overrides apply 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Any
 
 from accel.config import Config
 from accel.console import fmt
 from accel.errors import ConfigError, one_line
+from accel.tracking.lineage import CONTEXTS
 from accel.tracking.store import open_store
 from accel.uris import redact, with_driver
 
@@ -57,12 +60,22 @@ def load(uri: str):
         raise ConfigError(f"cannot load model {uri}: {one_line(e)}") from None
 
 
-def evaluate(model, cfg: Config) -> tuple[str, dict[str, float], list[str], object]:
-    """(split name, metrics, class names, confusion matrix) of `model` on cfg's data."""
+@dataclass
+class Evaluation:
+    split: str  # "test", or "val" where the data has no test split
+    metrics: dict[str, float]
+    classes: list[str]
+    confusion_matrix: Any
+    lineage: dict  # the split's record (accel.tracking.lineage)
+
+
+def evaluate(model, cfg: Config) -> Evaluation:
+    """`model` on the test split of cfg's data (its validation split where there is none)."""
     import torch
 
     from accel.data import build_data
     from accel.engine import create_evaluator
+    from accel.train.run_log import data_records
 
     data = build_data(cfg, torch.device("cpu"))
     split, loader = ("test", data.test) if data.test is not None else ("val", data.val)
@@ -86,7 +99,8 @@ def evaluate(model, cfg: Config) -> tuple[str, dict[str, float], list[str], obje
                f"{split}_loss": m["loss"], "images": float(matrix.sum())}
     metrics.update({f"{split}_class_accuracy.{c}": a for c, a in zip(data.classes, per_class,
                                                                       strict=True)})
-    return split, metrics, data.classes, matrix
+    lineage = next(r for r in data_records(cfg, data) if r["context"] == CONTEXTS[split])
+    return Evaluation(split, metrics, data.classes, matrix, lineage)
 
 
 class _Evaluable:
@@ -111,6 +125,7 @@ def cli_evaluate(args, overrides: list[str]) -> int:
 
     from accel import config
     from accel.reproduce import load_original
+    from accel.tracking.lineage import log_splits
     from accel.train.run_log import log_confusion_matrix
 
     uri = args.model_uri
@@ -124,16 +139,16 @@ def cli_evaluate(args, overrides: list[str]) -> int:
         for item in overrides:
             config.set_key(cfg, *config.parse_override(item))
         config.validate(cfg)
-    model = load(uri)
-    split, metrics, classes, matrix = evaluate(model, cfg)
+    done = evaluate(load(uri), cfg)
     run = tracker.start_run(cfg.tracking.experiment or cfg.name, f"evaluate-{_short(uri)}",
                             tags={"accel.role": "evaluate", "accel.evaluates": uri,
                                   "accel.model_run_id": run_id})
     tracker.log_config(run, cfg)
-    tracker.log_metrics(run, metrics, step=0)
-    log_confusion_matrix(tracker, run, matrix, classes)
+    tracker.log_metrics(run, done.metrics, step=0)
+    log_splits(tracker.client, run, [done.lineage])
+    log_confusion_matrix(tracker, run, done.confusion_matrix, done.classes)
     tracker.end_run(run, "FINISHED")
-    print(table(uri, split, cfg, metrics))
+    print(table(uri, done.split, cfg, done.metrics))
     print(f"mlflow run: {run} ({redact(tracker.uri)})")
     return 0
 

@@ -71,6 +71,10 @@ def test_the_registered_champion_evaluates_as_its_trial_did(study):
     assert run.data.metrics["val_accuracy"] == trial.data.metrics["best_val_accuracy"]
     assert {f"val_class_accuracy.{i}" for i in range(10)} <= set(run.data.metrics)
     assert "confusion_matrix.png" in [f.path for f in c.list_artifacts(run.info.run_id)]
+    # It says which data it evaluated on: the very split the trial validated on.
+    [seen] = run.inputs.dataset_inputs
+    [same] = [i for i in trial.inputs.dataset_inputs if i.dataset.name == "digits-val"]
+    assert (seen.dataset.name, seen.dataset.digest) == ("digits-val", same.dataset.digest)
 
 
 def test_experiments_open_on_the_runs_table_and_studies_name_their_metric(study):

@@ -233,3 +233,33 @@ def test_an_error_in_an_epoch_handler_is_not_swallowed(tiny_overrides, store, mo
         train(cfg)
     [run] = runs_in(store, "handler")
     assert run.info.status == "FAILED"
+
+
+def _inputs(store: str, experiment: str) -> dict[str, tuple[str, str, dict]]:
+    import json
+
+    [run] = runs_in(store, experiment)
+    return {i.dataset.name: (i.tags[0].value, i.dataset.digest, json.loads(i.dataset.profile))
+            for i in run.inputs.dataset_inputs}
+
+
+def test_every_run_logs_which_data_it_saw(tiny_overrides, store, tiny_imagefolder):
+    """One MLflow dataset input per split, with its context, size, classes and a digest of the
+    very samples: the same data gives the same digest, another split or folder another one."""
+    def run(experiment: str, *extra: str):
+        cfg = config.load(None, [*tiny_overrides, "train.epochs=1", f"tracking.uri={store}",
+                                 f"tracking.experiment={experiment}", *extra])
+        train(cfg)
+        return _inputs(store, experiment)
+
+    a, again, other = run("a"), run("again"), run("other", "data.val_fraction=0.2")
+    assert {name: (context, profile["samples"]) for name, (context, _, profile) in a.items()} \
+        == {"digits-train": ("training", 1617), "digits-val": ("validation", 180)}
+    assert a["digits-val"][2]["classes"] == [str(i) for i in range(10)]
+    assert again == a
+    assert other["digits-val"][1] != a["digits-val"][1]
+
+    folder = ["data.dataset=imagefolder", f"data.root={tiny_imagefolder}", "model.img_size=32"]
+    images = run("folder", *folder)
+    assert set(images) == {"imagefolder-train", "imagefolder-val", "imagefolder-test"}
+    assert images["imagefolder-test"][0] == "testing"

@@ -11,6 +11,7 @@ import accel.train.checkpoint as checkpoint
 from accel.console import warn
 from accel.errors import one_line
 from accel.tracking import retry_locked
+from accel.tracking.lineage import log_splits, split_record
 from accel.train.checkpoint import Resume
 from accel.train.parts import Parts
 
@@ -112,6 +113,17 @@ def _log_recipe(run: RunLog, parts: Parts) -> None:
     })
     env = environment(str(parts.device), cfg.train.seed)
     retry_locked(tracker.log_json, run.run_id, env, "environment.json")
+    retry_locked(log_splits, tracker.client, run.run_id, data_records(cfg, parts.data))
+
+
+def data_records(cfg, data) -> list[dict]:
+    """One lineage record per split the run uses (accel.tracking.lineage)."""
+    d = cfg.data
+    source = ("sklearn.datasets.load_digits" if d.dataset == "digits"
+              else str(Path(d.root).expanduser().resolve()))
+    loaders = {"train": data.train, "val": data.val, "test": data.test}
+    return [split_record(d.dataset, split, loader.dataset, source, data.classes)
+            for split, loader in loaders.items() if loader is not None]
 
 
 def _reopen(run: RunLog, parts: Parts, resume: Resume) -> None:
