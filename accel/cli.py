@@ -108,6 +108,30 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """optuna-dashboard (the `dashboard` extra) on the study storage, bound to 127.0.0.1."""
+    import importlib.util
+    import os
+    import subprocess
+
+    from accel.tune.storage import default_storage, is_journal
+
+    if importlib.util.find_spec("optuna_dashboard") is None:
+        raise ConfigError("optuna-dashboard is not installed: pip install -e '.[dashboard]'")
+    storage = args.storage or default_storage()
+    if is_journal(storage) and not Path(storage).is_file():
+        raise ConfigError(f"no Optuna storage at {storage}: run `accel tune` first, or pass "
+                          "--storage")
+    print(f"optuna-dashboard on http://127.0.0.1:{args.port} (Ctrl-C stops it)", file=sys.stderr)
+    # The storage goes by environment, not argv: a URL's password never shows in `ps`.
+    code = ("import os, optuna_dashboard, optuna.storages.journal as j;"
+            "s = os.environ['ACCEL_DASHBOARD_STORAGE'];"
+            "s = s if '://' in s else j.JournalStorage(j.JournalFileBackend(s));"
+            f"optuna_dashboard.run_server(s, host='127.0.0.1', port={int(args.port)})")
+    env = {**os.environ, "ACCEL_DASHBOARD_STORAGE": with_driver(storage)}
+    return subprocess.call([sys.executable, "-c", code], env=env)
+
+
 def _config_args(p: Parser) -> None:
     p.add_argument("items", nargs="*", metavar="[CONFIG] [KEY=VALUE]",
                    help=f"experiment YAML (default {DEFAULT_CONFIG}) then dotted overrides, "
@@ -139,6 +163,13 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
         commands[name] = p
         return p
 
+    _training_commands(command)
+    _run_commands(command)
+    return parser, commands
+
+
+def _training_commands(command) -> None:
+    """train, tune, best, ablate: the commands that train."""
     p = command("train", "train one model and log the run to MLflow", cmd_train,
                 _config_args, _tracking_arg)
     p.add_argument("--experiment", metavar="NAME", help="MLflow experiment (default: config name)")
@@ -158,6 +189,15 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
     p.add_argument("--alias", default="champion", metavar="ALIAS",
                    help="alias moved to that version (default champion)")
 
+    p = command("ablate", "time every on/off combination of GA, AMP and pinned memory",
+                cmd_ablate, _config_args, _tracking_arg)
+    p.add_argument("--techniques", default="ga,amp,pm", metavar="LIST",
+                   help="comma list from ga, amp, pm, channels_last, compile")
+    p.add_argument("--repeats", type=int, default=1, metavar="R")
+
+
+def _run_commands(command) -> None:
+    """reproduce, resume, evaluate, ui, dashboard: the commands about what was logged."""
     p = command("reproduce", "rerun a logged run from MLflow and compare the numbers",
                 cmd_reproduce, _tracking_arg)
     p.add_argument("run_id", metavar="RUN_ID")
@@ -176,16 +216,13 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
     p.add_argument("items", nargs="*", metavar="[CONFIG] [KEY=VALUE]",
                    help="the data (default: the config of the run that logged the model)")
 
-    p = command("ablate", "time every on/off combination of GA, AMP and pinned memory",
-                cmd_ablate, _config_args, _tracking_arg)
-    p.add_argument("--techniques", default="ga,amp,pm", metavar="LIST",
-                   help="comma list from ga, amp, pm, channels_last, compile")
-    p.add_argument("--repeats", type=int, default=1, metavar="R")
-
     p = command("ui", "open the MLflow UI on the project's store (bound to 127.0.0.1)", cmd_ui,
                 _tracking_arg)
     p.add_argument("--port", type=int, default=5000)
-    return parser, commands
+
+    p = command("dashboard", "open optuna-dashboard on a study's storage (bound to 127.0.0.1)",
+                cmd_dashboard, _storage_arg)
+    p.add_argument("--port", type=int, default=8080)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -15,6 +15,7 @@ from typing import Any
 
 from accel import config
 from accel.config import Config, ConfigError
+from accel.config_params import from_params
 from accel.console import fmt, note, warn
 from accel.tracking.environment import environment_diff
 from accel.tracking.store import (
@@ -66,7 +67,7 @@ def load_original(tracker, run_id: str) -> Original:
             raise ConfigError(f"config.yaml of run {run_id}: {e}") from None
         source = "config.yaml"
     else:
-        cfg, params_notes = config.from_params(run.data.params)
+        cfg, params_notes = from_params(run.data.params)
         notes += [
             f"run {run_id} has no readable config.yaml; config rebuilt from its logged params",
             *params_notes,

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from accel import config
+from accel import config, config_params
 from tests.conftest import ROOT, TINY_OVERRIDES, run_cli
 
 BAD_INPUTS = {
@@ -123,7 +123,7 @@ def test_config_from_params_inverts_flat(path):
     """Every experiment file survives flat() -> MLflow param text -> from_params()."""
     cfg = config.load(path)
     params = {k: config.param_text(v) for k, v in cfg.flat().items()}
-    rebuilt, notes = config.from_params(params)
+    rebuilt, notes = config_params.from_params(params)
     assert rebuilt == cfg and notes == []
 
 
@@ -218,3 +218,20 @@ def test_an_artifact_folder_that_cannot_be_written_ends_the_run_failed(tmp_path,
     assert last.startswith("accel: error: ") and str(blocked) in last, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert _only_run(store, "blocked").info.status == "FAILED"
+
+
+def test_dashboard_needs_its_extra_and_an_existing_study(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from accel.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "optuna_dashboard" else real(name, *a))
+    assert main(["dashboard", "--storage", str(tmp_path / "optuna.journal")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "accel: error: optuna-dashboard is not installed: pip install -e '.[dashboard]'")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert main(["dashboard", "--storage", str(tmp_path / "optuna.journal")]) == 2
+    assert capsys.readouterr().err.strip().startswith(
+        f"accel: error: no Optuna storage at {tmp_path / 'optuna.journal'}")

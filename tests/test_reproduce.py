@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from accel import cli, config, reproduce
+from accel import cli, config, config_params, reproduce
 from accel.tracking import Tracker, environment_diff
 from accel.tracking.client import _param_value
 from accel.tracking.store import open_store
@@ -128,7 +128,7 @@ def test_config_from_params_inverts_logging():
     }
     params = {k: _param_value(v) for k, v in cfg.flat().items()}
     params.update({"effective_batch_size": "64", "resolved.device": "cpu"})  # not config keys
-    rebuilt, notes = config.from_params(params)
+    rebuilt, notes = config_params.from_params(params)
     assert rebuilt == cfg
     assert notes == []
 
@@ -137,7 +137,7 @@ def test_config_from_params_reports_schema_drift():
     params = {k: _param_value(v) for k, v in config.Config().flat().items()}
     del params["train.lr"]
     params["train.old_knob"] = "3"
-    rebuilt, notes = config.from_params(params)
+    rebuilt, notes = config_params.from_params(params)
     assert rebuilt.train.lr == config.TrainConfig().lr
     assert any("train.old_knob" in n for n in notes)
     assert any("train.lr" in n and "defaults" in n for n in notes)
