@@ -91,7 +91,8 @@ class SearchConfig:
 class TrackingConfig:
     uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db
     experiment: str | None = None  # None: the config's name
-    log_checkpoint: bool = True
+    log_checkpoint: bool = True  # best.pt, and the last-epoch checkpoint `accel resume` needs
+    system_metrics: bool = True  # MLflow system metrics (CPU, memory; GPU through NVML)
 
 
 @dataclass

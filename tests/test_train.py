@@ -263,3 +263,17 @@ def test_every_run_logs_which_data_it_saw(tiny_overrides, store, tiny_imagefolde
     images = run("folder", *folder)
     assert set(images) == {"imagefolder-train", "imagefolder-val", "imagefolder-test"}
     assert images["imagefolder-test"][0] == "testing"
+
+
+def test_system_metrics_are_sampled_while_a_run_trains(tiny_overrides, store, monkeypatch):
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # default 10 s
+    for experiment, on in (("watched", "true"), ("unwatched", "false")):
+        cfg = config.load(None, [*tiny_overrides, "train.epochs=4", f"tracking.uri={store}",
+                                 f"tracking.experiment={experiment}",
+                                 f"tracking.system_metrics={on}"])
+        train(cfg)
+    [watched], [unwatched] = runs_in(store, "watched"), runs_in(store, "unwatched")
+    sampled = {k for k in watched.data.metrics if k.startswith("system/")}
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= sampled
+    assert not [k for k in unwatched.data.metrics if k.startswith("system/")]
+    assert watched.info.status == "FINISHED"

@@ -141,6 +141,7 @@ def combination_config(base: Config, combo: Combination, plan: AblationPlan) -> 
     if "compile" in chosen:
         t.compile = "compile" in combo.on
     cfg.tracking.log_checkpoint = False  # 2^k x R weight files would measure nothing
+    cfg.tracking.system_metrics = False  # a sampling thread would share the cores it times
     return cfg
 
 

@@ -23,6 +23,7 @@ class RunLog:
                  keep_checkpoints: bool = False):
         self.tracker, self.run_id = tracker, run_id
         self.scratch, self.keep_checkpoints = scratch, keep_checkpoints
+        self.monitor = None  # MLflow's SystemMetricsMonitor, while the run trains
 
     def metrics(self, values: dict[str, float], step: int) -> None:
         if self.tracker:
@@ -49,11 +50,24 @@ class RunLog:
             except Exception as e:
                 warn(f"run {self.run_id}: its last-epoch checkpoint stays: {one_line(e)}")
 
+    def watch_system(self, resumed: bool) -> None:
+        """MLflow's system metrics (`system/...`, every 10 s or
+        $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL) while the run trains."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        from accel.uris import with_driver
+
+        self.monitor = SystemMetricsMonitor(self.run_id, resume_logging=resumed,
+                                            tracking_uri=with_driver(self.tracker.uri))
+        self.monitor.start()
+
     def end(self, status: str, error: BaseException | None = None) -> None:
         """End the run with `status`. While `error` propagates, a failure to reach the store
         is only reported: it must not replace the error that ended the run."""
         if not self.tracker:
             return
+        if self.monitor is not None:
+            self.monitor.finish()
         try:
             retry_locked(self.tracker.end_run, self.run_id, status)
         except Exception as e:
@@ -75,6 +89,8 @@ def open_run(parts: Parts, run_name: str | None, tags: dict[str, str] | None,
     if resume is not None and resume.same_run:
         run = RunLog(tracker, resume.source_run_id, scratch, keep)
         _guarded(run, _reopen, parts, resume)
+        if cfg.tracking.system_metrics:
+            run.watch_system(resumed=True)
         return run
     run_id = retry_locked(
         tracker.start_run,
@@ -87,6 +103,8 @@ def open_run(parts: Parts, run_name: str | None, tags: dict[str, str] | None,
     _guarded(run, _log_recipe, parts)
     if resume is not None:
         _guarded(run, _carry_over, parts, resume)
+    if cfg.tracking.system_metrics:
+        run.watch_system(resumed=False)
     return run
 
 
