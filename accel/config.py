@@ -93,6 +93,7 @@ class TrackingConfig:
     experiment: str | None = None  # None: the config's name
     log_checkpoint: bool = True  # best.pt, and the last-epoch checkpoint `accel resume` needs
     system_metrics: bool = True  # MLflow system metrics (CPU, memory; GPU through NVML)
+    log_model: bool = False  # the best epoch's weights as an MLflow PyTorch model in the run
 
 
 @dataclass

@@ -3,10 +3,8 @@ the best trial's weights (its `checkpoint/best.pt`) as an MLflow PyTorch model i
 with a signature and an input example, registers it as a new version of NAME and points the alias
 (default `champion`) at that version.
 
-Serialization: `pt2` (`torch.export`, MLflow 3's default): the saved program loads without accel,
-timm or unpickling code. Where `torch.export` cannot trace a model, `pickle` (the module itself,
-which needs timm to load and runs code when loaded: load only models you trust) is used instead,
-and the command says so. The format is kept in the model version's `accel.serialization` tag.
+Serialization: `pt2` where `torch.export` traces the model, else `pickle`
+(accel.tracking.model); the format is kept in the model version's `accel.serialization` tag.
 """
 
 from __future__ import annotations
@@ -15,12 +13,11 @@ import tempfile
 from dataclasses import dataclass
 
 from accel.config import Config
-from accel.console import note, warn
-from accel.errors import ConfigError, one_line
+from accel.console import note
+from accel.errors import ConfigError
 from accel.reproduce import load_original
-from accel.uris import with_driver
+from accel.tracking.model import log_torch_model
 
-MODEL_NAME = "model"  # the logged model's name in its run
 DEFAULT_ALIAS = "champion"
 
 
@@ -58,34 +55,8 @@ def rebuild(tracker, run_id: str, cfg: Config):
 
 def log_model(tracker, run_id: str, cfg: Config) -> tuple[str, str]:
     """Log run_id's best weights as an MLflow PyTorch model in that run: (model URI, format)."""
-    import mlflow
-    import torch
-    from mlflow.models import infer_signature
-
     model, example = rebuild(tracker, run_id, cfg)
-    with torch.no_grad():
-        signature = infer_signature(example, model(torch.from_numpy(example)).numpy())
-    mlflow.set_tracking_uri(with_driver(tracker.uri))
-    with mlflow.start_run(run_id=run_id):
-        for serialization in ("pt2", "pickle"):
-            try:
-                info = mlflow.pytorch.log_model(
-                    model, name=MODEL_NAME, input_example=example, signature=signature,
-                    serialization_format=serialization, pip_requirements=_requirements())
-                return info.model_uri, serialization
-            except Exception as e:
-                if serialization == "pickle":
-                    raise
-                warn(f"torch.export cannot trace {cfg.model.name} ({one_line(e)[:150]}); "
-                     "logging it pickled instead (loading it needs timm and runs code)")
-    raise AssertionError("unreachable")
-
-
-def _requirements() -> list[str]:
-    """Pinned to what trained it; without this MLflow infers them by importing the model."""
-    from importlib.metadata import version
-
-    return [f"{p}=={version(p)}" for p in ("torch", "torchvision", "timm")]
+    return log_torch_model(tracker.uri, run_id, model, example, cfg.model.name)
 
 
 def register(tracker, run_id: str, name: str, alias: str = DEFAULT_ALIAS,

@@ -154,3 +154,32 @@ def test_accel_ui_lists_each_experiments_runs_page(study, monkeypatch, capsys):
             "?workflowType=machine_learning") in capsys.readouterr().err.splitlines()
     [command] = started
     assert command[command.index("--host") + 1] == "127.0.0.1"
+
+
+def test_a_single_run_logs_its_model_when_asked(tmp_path, tiny_overrides):
+    """`tracking.log_model=true`: the best epoch's weights as an MLflow model in the run (no
+    registry), loadable through MLflow and equal to checkpoint/best.pt."""
+    import mlflow
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_cli("train", *tiny_overrides, "tracking.log_model=true", "--tracking-uri", store,
+                   "--experiment", "one")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    c = client(store)
+    [run] = c.search_runs([c.get_experiment_by_name("one").experiment_id])
+    mlflow.set_tracking_uri(store)
+    [model] = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id],
+                                          output_format="list")
+    assert model.source_run_id == run.info.run_id
+    assert c.search_registered_models() == []
+    best = torch.load(c.download_artifacts(run.info.run_id, "checkpoint/best.pt", str(tmp_path)),
+                      weights_only=True)
+    loaded = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/model", map_location="cpu")
+    x = torch.randn(2, 1, 16, 16)
+    from accel import config, models
+
+    cfg = config.load(None, tiny_overrides)
+    reference = models.build_model(cfg, 10, 1, 16)
+    reference.load_state_dict(best)
+    with torch.no_grad():
+        assert torch.allclose(loaded(x), reference.eval()(x), atol=1e-5)

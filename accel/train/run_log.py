@@ -3,6 +3,7 @@ log the results, end it. Without a tracker (`track=False`) every call does nothi
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -60,6 +61,26 @@ class RunLog:
         self.monitor = SystemMetricsMonitor(self.run_id, resume_logging=resumed,
                                             tracking_uri=with_driver(self.tracker.uri))
         self.monitor.start()
+
+    def log_model(self, parts: Parts) -> None:
+        """The best epoch's weights (best.pt; the last epoch's where checkpoints are off) as an
+        MLflow PyTorch model in this run (`tracking.log_model`)."""
+        import copy
+
+        from accel.tracking.model import log_torch_model
+
+        model = copy.deepcopy(parts.bare).cpu().eval()
+        best = self.scratch / checkpoint.BEST
+        if not best.exists() and self.keep_checkpoints:  # a resumed run: its best came earlier
+            with contextlib.suppress(Exception):
+                best = Path(self.tracker.client.download_artifacts(
+                    self.run_id, f"{checkpoint.ARTIFACT_DIR}/{checkpoint.BEST}",
+                    str(self.scratch)))
+        if best.exists():
+            model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True))
+        x, _ = next(iter(parts.data.val))
+        log_torch_model(self.tracker.uri, self.run_id, model, x[:2].float().numpy(),
+                        parts.cfg.model.name)
 
     def end(self, status: str, error: BaseException | None = None) -> None:
         """End the run with `status`. While `error` propagates, a failure to reach the store
@@ -192,6 +213,8 @@ def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -
         parts.evaluator.run(parts.data.val)
     matrix = parts.evaluator.state.metrics["confusion_matrix"]
     log_confusion_matrix(run.tracker, run.run_id, matrix, parts.data.classes)
+    if parts.cfg.tracking.log_model:
+        run.log_model(parts)
 
 
 def log_confusion_matrix(tracker, run_id: str, matrix: torch.Tensor, classes: list[str]) -> None:
