@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 
 MISSING = "—"  # a cell with no number (not run, failed, not logged)
@@ -26,6 +27,9 @@ def progress(message: str) -> None:
 def quiet_libraries(study: bool = False) -> None:
     """Keep library chatter out of accel's own lines. In a study, Optuna logs every trial
     (failures with tracebacks); `accel tune` prints one line per trial instead."""
+    # MLflow sets its own loggers' level when it is imported, from $MLFLOW_LOGGING_LEVEL
+    # (default INFO: table creation, system-metrics monitor start and stop, model registration).
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name in ("alembic", "mlflow", "optuna"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # per-retry network noise
