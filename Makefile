@@ -13,11 +13,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The quickstart study: 10 Optuna trials on digits (each an MLflow run), then the best trial and
-# how to browse it. Running it again resumes the study with 10 more trials.
+# how to browse it (`accel best` prints the link). Running it again resumes the study with 10 more trials.
 run: $(STAMP)
 	$(BIN)/accel tune
 	$(BIN)/accel best --study quickstart
-	@echo "Browse it: $(BIN)/accel ui, then open http://127.0.0.1:5000 (experiment 'quickstart')"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
