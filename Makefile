@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The quickstart study: 10 Optuna trials on digits (each an MLflow run), then the best trial and
-# how to browse it (`accel best` prints the link). Running it again resumes the study with 10 more trials.
+# how to browse it (`accel best` prints the link). Running it again resumes the study with 10 more
+# trials.
 run: $(STAMP)
 	$(BIN)/accel tune
 	$(BIN)/accel best --study quickstart
