@@ -17,6 +17,7 @@ refused, never executed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -140,14 +141,14 @@ def restore(parts, state: dict[str, Any]) -> None:
     set_random_states(state["rng"])
 
 
-class kept_random_states:  # noqa: N801 (a context manager, used like a function)
+@contextlib.contextmanager
+def kept_random_states():
     """Python, NumPy and torch random states as they were on entry, again on exit."""
-
-    def __enter__(self):
-        self.states = random_states()
-
-    def __exit__(self, *exc) -> None:
-        set_random_states(self.states)
+    states = random_states()
+    try:
+        yield
+    finally:
+        set_random_states(states)
 
 
 def random_states() -> dict[str, Any]:
