@@ -14,6 +14,17 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 
 
+def new_store(folder: Path) -> str:
+    """An MLflow store made before a child process starts: a test that polls the store while the
+    child runs would otherwise create a fresh store's tables at the same time as the child."""
+    from mlflow.tracking import MlflowClient
+
+    (folder / "mlruns").mkdir(parents=True, exist_ok=True)
+    store = f"sqlite:///{folder / 'mlruns' / 'mlflow.db'}"
+    MlflowClient(store).search_experiments()
+    return store
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> str:
     """A fresh SQLite MLflow store for one test."""

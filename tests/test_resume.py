@@ -16,7 +16,7 @@ import torch
 
 from accel.cli import main
 from accel.train import checkpoint
-from tests.conftest import ROOT, TINY_OVERRIDES, run_cli
+from tests.conftest import ROOT, TINY_OVERRIDES, new_store, run_cli
 
 # Accumulation with a short last window (10 micro-batches, windows of 4), a warm-up then cosine
 # schedule: every piece of state the resume has to carry matters here.
@@ -31,15 +31,6 @@ def client(store: str):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=store)
-
-
-def new_store(folder: Path) -> str:
-    """An MLflow store made before a child process starts: the test polls it while the child
-    runs, and two processes must not create a fresh store's tables at once."""
-    (folder / "mlruns").mkdir(parents=True, exist_ok=True)
-    store = f"sqlite:///{folder / 'mlruns' / 'mlflow.db'}"
-    client(store).search_experiments()
-    return store
 
 
 def only_run(store: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY_OVERRIDES
+from tests.conftest import ROOT, TINY_OVERRIDES, new_store
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
 LONG = [*TINY_OVERRIDES, "train.epochs=200", "tracking.log_checkpoint=false"]
@@ -64,7 +64,7 @@ def stop(proc: subprocess.Popen, group: bool = False) -> tuple[int, str]:
 
 
 def test_sigterm_ends_a_train_run_killed(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     proc = start("train", *LONG, "--tracking-uri", store, "--experiment", "term")
     wait_for_epoch(proc, store, "term", "train")
     code, err = stop(proc)
@@ -78,7 +78,7 @@ def test_sigterm_ends_a_train_run_killed(tmp_path):
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_sigterm_ends_a_study_cleanly_and_the_rerun_resumes(tmp_path, workers):
-    store, journal = f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "optuna.journal")
+    store, journal = new_store(tmp_path), str(tmp_path / "optuna.journal")
     tune = ["tune", *LONG, "--study", "term", "--storage", journal, "--tracking-uri", store]
     proc = start(*tune, "--n-trials", "2", "--workers", workers)
     wait_for_epoch(proc, store, "term", "trial")
@@ -104,7 +104,7 @@ def test_sigterm_ends_a_study_cleanly_and_the_rerun_resumes(tmp_path, workers):
 
 
 def test_sigterm_ends_an_ablation_killed(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     proc = start("ablate", *LONG, "tracking.experiment=term", "--techniques", "ga",
                  "--tracking-uri", store)
     wait_for_epoch(proc, store, "term", "train")
@@ -124,7 +124,7 @@ def logged_epochs(store: str, run_id: str) -> list[int]:
 def test_sigterm_to_train_and_to_resume_then_resume_finishes(tmp_path):
     """Preempted twice: `accel train` stopped by SIGTERM, `accel resume` stopped by SIGTERM
     too, then `accel resume` again: every epoch logged once, the run FINISHED."""
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     args = [*TINY_OVERRIDES, "train.epochs=12", "train.epoch_length=10"]  # checkpoints on
     proc = start("train", *args, "--tracking-uri", store, "--experiment", "pre")
     wait_for_epoch(proc, store, "pre", "train", epochs=2)
@@ -151,7 +151,7 @@ def test_sigterm_to_train_and_to_resume_then_resume_finishes(tmp_path):
 
 
 def test_sigterm_ends_a_reproduce_rerun_killed(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = new_store(tmp_path)
     proc = start("train", *LONG, "--tracking-uri", store, "--experiment", "rep")
     wait_for_epoch(proc, store, "rep", "train")
     assert stop(proc)[0] == SIGTERM_EXIT
@@ -162,3 +162,27 @@ def test_sigterm_ends_a_reproduce_rerun_killed(tmp_path):
     assert code == SIGTERM_EXIT and "Traceback" not in err, err[-2000:]
     statuses = {r.data.tags.get("accel.role"): r.info.status for r in runs(store, "rep")}
     assert statuses == {"train": "KILLED", "reproduce": "KILLED"}
+
+
+def _deaf_worker() -> None:
+    """A worker stuck in its clean-up: it ignores Ctrl-C and SIGTERM."""
+    from accel.signals import ignore_stops
+
+    ignore_stops()
+    time.sleep(120)
+
+
+def test_a_worker_that_does_not_stop_is_killed():
+    """The main process waits for stopping workers, then kills what is left: a worker stuck in
+    its clean-up must not keep `accel tune` (and, at exit, multiprocessing) waiting forever."""
+    import multiprocessing
+
+    from accel.tune.workers import _stop
+
+    proc = multiprocessing.get_context("spawn").Process(target=_deaf_worker)
+    proc.start()
+    time.sleep(3)  # spawned and inside ignore_stops
+    started = time.time()
+    _stop([proc], wait_s=1.0)
+    assert not proc.is_alive() and proc.exitcode == -signal.SIGKILL
+    assert time.time() - started < 30

@@ -163,8 +163,9 @@ def run_workers(job: TuneJob, n_trials: int) -> int:
 
 
 def _stop(procs, wait_s: float = 60.0) -> None:
-    """Ctrl-C or SIGTERM reached this process: make sure the workers got it, wait, then
-    terminate them."""
+    """Ctrl-C or SIGTERM reached this process: make sure the workers got it, wait, then kill
+    them. Not SIGTERM: a stopping worker ignores it, and `multiprocessing` would then wait for it
+    forever at exit. A killed worker's trial is closed by this process's clean-up."""
     ignore_stops()
     for p in procs:
         if p.is_alive() and p.pid:
@@ -174,7 +175,7 @@ def _stop(procs, wait_s: float = 60.0) -> None:
     for p in procs:
         p.join(max(0.1, deadline - time.time()))
         if p.is_alive():
-            p.terminate()
+            p.kill()
             p.join(5)
 
 
