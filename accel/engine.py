@@ -42,8 +42,7 @@ def resolve_amp(mode: str, device: torch.device) -> torch.dtype | None:
         return torch.float16
     if device.type == "cuda":  # auto
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    # auto on CPU is fp32: oneDNN's bf16 backward (torch 2.14, AMX) was seen to return NaN
-    # weight gradients now and then for finite inputs; train.amp=bf16 still asks for it.
+    # auto on CPU is fp32; train.amp=bf16 asks for bf16 autocast (see guard_cpu_bf16_convs).
     return None
 
 
@@ -197,6 +196,31 @@ class UpdateStep:
         if self.scaler is not None:
             out["loss_scale"] = torch.tensor(self.scaler.get_scale())
         return out
+
+
+def guard_cpu_bf16_convs(model: torch.nn.Module) -> None:
+    """oneDNN's bf16 weight gradient of a convolution whose input is one pixel wide or high while
+    its kernel is larger (the stride-2 3x3 conv at the end of a ResNet fed 16 px images) is
+    wrong: the taps that see only padding get whatever memory held, now and then NaN
+    (torch 2.14, Xeon with AMX and EPYC with avx512_bf16 alike; `bench/bf16_cpu_conv.py`). Under
+    CPU autocast such a conv runs in fp32; any other input takes the usual path."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d) and max(module.kernel_size) > 1:
+            module.forward = functools.partial(_conv_forward_guarded, module)
+
+
+def unguard_convs(model: torch.nn.Module) -> None:
+    """Undo `guard_cpu_bf16_convs` (a model leaving the trainer, to be logged)."""
+    for module in model.modules():
+        module.__dict__.pop("forward", None)
+
+
+def _conv_forward_guarded(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    one_pixel = any(size == 1 < k for size, k in zip(x.shape[-2:], conv.kernel_size, strict=True))
+    if one_pixel and x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            return type(conv).forward(conv, x.float())
+    return type(conv).forward(conv, x)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

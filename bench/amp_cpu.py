@@ -3,7 +3,8 @@
     .venv/bin/python bench/amp_cpu.py [--model resnet18] [--img-size 32] [--rounds 5]
 
 Prints the speed-up (fp32 time / bf16 time) last; the goal on a CPU with bf16 units is >= 1.25x.
-A round whose loss went NaN is reported (oneDNN's bf16 backward has been seen to do that here).
+A round whose loss went NaN is reported. The bf16 model gets accel's guard for one-pixel convs
+(bench/bf16_cpu_conv.py), as `accel train train.amp=bf16` does.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def main() -> None:
         def run() -> None:
             torch.manual_seed(0)
             model = timm.create_model(args.model, num_classes=10)
+            if dtype is torch.bfloat16:
+                E.guard_cpu_bf16_convs(model)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             step = E.UpdateStep(model, optimizer, nn.CrossEntropyLoss(), device, amp_dtype=dtype)
             trainer = E.create_trainer(step)

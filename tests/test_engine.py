@@ -239,6 +239,38 @@ def test_bf16_autocast_without_scaler():
     assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights stay fp32
 
 
+def test_guarded_conv_on_one_pixel_gets_the_fp32_weight_gradient_under_cpu_bf16():
+    """oneDNN's bf16 weight gradient is wrong for a 3x3 stride-2 conv on a 1x1 input (taps that
+    see only padding get garbage, now and then NaN: bench/bf16_cpu_conv.py). Guarded, every
+    repeat gives the fp32 gradient, whose off-centre taps are exactly zero."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(64, 32, 3, stride=2, padding=1, bias=False)
+    x = torch.randn(4, 64, 1, 1)
+    reference = torch.autograd.grad(conv(x).sum(), conv.weight)[0]
+    E.guard_cpu_bf16_convs(conv)
+    for _ in range(50):
+        with E.autocast(torch.device("cpu"), torch.bfloat16):
+            out = conv(x)
+        grad = torch.autograd.grad(out.float().sum(), conv.weight)[0]
+        assert out.dtype == torch.float32  # the guard ran this conv outside autocast
+        assert torch.equal(grad, reference)
+    off_centre = torch.ones(3, 3, dtype=torch.bool)
+    off_centre[1, 1] = False
+    assert torch.count_nonzero(grad[:, :, off_centre]) == 0
+
+
+def test_guard_leaves_larger_inputs_in_bf16_and_comes_off():
+    conv = nn.Conv2d(8, 8, 3, padding=1)
+    E.guard_cpu_bf16_convs(conv)
+    with E.autocast(torch.device("cpu"), torch.bfloat16):
+        assert conv(torch.randn(2, 8, 4, 4)).dtype == torch.bfloat16
+        assert conv(torch.randn(2, 8, 1, 1)).dtype == torch.float32
+    E.unguard_convs(conv)
+    assert "forward" not in conv.__dict__
+    with E.autocast(torch.device("cpu"), torch.bfloat16):
+        assert conv(torch.randn(2, 8, 1, 1)).dtype == torch.bfloat16
+
+
 def test_epoch_stats_average_loss_and_count_samples():
     model = mlp()
     data = batches(3, 5)

@@ -47,6 +47,8 @@ def build(cfg: Config) -> Parts:
     model = models.prepare_model(bare, cfg, device)
 
     amp_dtype = engine.resolve_amp(t.amp, device)
+    if amp_dtype is torch.bfloat16 and device.type == "cpu":
+        engine.guard_cpu_bf16_convs(bare)
     epoch_length = t.epoch_length or len(data.train)
     optimizer = engine.build_optimizer(model, t)
     non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches

@@ -67,9 +67,11 @@ class RunLog:
         MLflow PyTorch model in this run (`tracking.log_model`)."""
         import copy
 
+        from accel.engine import unguard_convs
         from accel.tracking.model import log_torch_model
 
         model = copy.deepcopy(parts.bare).cpu().eval()
+        unguard_convs(model)
         best = self.scratch / checkpoint.BEST
         if not best.exists() and self.keep_checkpoints:  # a resumed run: its best came earlier
             with contextlib.suppress(Exception):
