@@ -287,10 +287,28 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
     cfg = _build(Config, data)
     if path is not None and "name" not in data:
         cfg.name = Path(path).stem
+    data_before, keys = (cfg.data.dataset, cfg.data.root), set()
     for item in overrides:
-        set_key(cfg, *parse_override(item))
+        key, value = parse_override(item)
+        set_key(cfg, key, value)
+        keys.add(key)
+    if (cfg.data.dataset, cfg.data.root) != data_before:
+        follow_the_data(cfg, data_before[0], keys, path)
     validate(cfg)
     return cfg
+
+
+def follow_the_data(cfg: Config, dataset_before: str, keys: set[str], path) -> None:
+    """The command line changed the data: a file's `model.img_size`, set for its own data,
+    gives way to the new data's own size unless the command line sets it too (one line says so)."""
+    from accel.console import note
+
+    if cfg.model.img_size is None or "model.img_size" in keys:
+        return
+    note(f"model.img_size={cfg.model.img_size} from {path} was set for data.dataset="
+         f"{dataset_before}; the new data's own image size is used (set model.img_size=N to "
+         f"choose one)")
+    cfg.model.img_size = None
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:

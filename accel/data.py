@@ -21,6 +21,8 @@ from accel.config import Config, ConfigError
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+GRAY_MEAN, GRAY_STD = (0.449,), (0.226,)  # ImageNet's, averaged over the channels (as timm)
+GRAY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # PIL modes read as one channel
 DIGITS_MEAN, DIGITS_STD = (0.3,), (0.4,)  # sklearn digits scaled from 0..16 to 0..1
 DIGITS_SIDE = 8
 CIFAR_SIDE = 32
@@ -81,13 +83,14 @@ class TensorImages(Dataset):
 
 
 @functools.lru_cache(maxsize=4)
-def _decode_all(kind: str, root: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode_all(kind: str, root: str, split: str, mode: str = "RGB"):
     """Decode a split once per process ([N, C, H, W] uint8); ablations and studies reuse it."""
-    ds = _raw_dataset(kind, root, split, transform=None)
+    ds = _raw_dataset(kind, root, split, transform=None, mode=mode)
     if hasattr(ds, "data"):  # CIFAR ships a decoded uint8 array [N, H, W, C]
         images = torch.from_numpy(ds.data)
     else:
-        decoded = [torch.from_numpy(np.asarray(ds.loader(path))) for path, _ in ds.samples]
+        decoded = [torch.from_numpy(np.atleast_3d(np.array(ds.loader(path))))  # H, W, C
+                   for path, _ in ds.samples]
         if len({img.shape for img in decoded}) > 1:
             raise DataError(
                 f"data.in_memory=true needs images of one size; {root}/{split} mixes sizes"
@@ -96,7 +99,8 @@ def _decode_all(kind: str, root: str, split: str) -> tuple[torch.Tensor, torch.T
     return images.permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets)
 
 
-def _raw_dataset(kind: str, root: str, split: str, transform, download: bool = False):
+def _raw_dataset(kind: str, root: str, split: str, transform, download: bool = False,
+                 mode: str = "RGB"):
     from torchvision import datasets
 
     if kind in ("cifar10", "cifar100"):
@@ -109,17 +113,18 @@ def _raw_dataset(kind: str, root: str, split: str, transform, download: bool = F
                 f"data.root={root!r} has no {kind} ({folder}/ not found): set data.download=true "
                 f"on a machine with a network, or copy the python-version archive there"
             ) from None
-    return datasets.ImageFolder(str(Path(root) / split), transform=transform, loader=load_image)
+    return datasets.ImageFolder(str(Path(root) / split), transform=transform,
+                                loader=functools.partial(load_image, mode=mode))
 
 
-def load_image(path: str):
-    """torchvision's default loader (RGB via PIL), naming the file that is not a readable image
-    (truncated, empty, or not an image at all)."""
+def load_image(path: str, mode: str = "RGB"):
+    """torchvision's default loader (PIL, converted to `mode`), naming the file that is not a
+    readable image (truncated, empty, or not an image at all)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with open(path, "rb") as f:
-            return Image.open(f).convert("RGB")
+            return Image.open(f).convert(mode)
     except UnidentifiedImageError:
         raise DataError(f"{path}: not an image file PIL can read; remove or replace it") from None
     except OSError as e:  # a truncated file, an unreadable one
@@ -138,7 +143,6 @@ def _image_splits(cfg: Config, size_default: int):
             )
         has_val = (Path(root) / "val").is_dir()
         has_test = (Path(root) / "test").is_dir()
-        mean, std = IMAGENET_MEAN, IMAGENET_STD
     else:
         if d.download:
             _raw_dataset(kind, root, "train", None, download=True)
@@ -150,15 +154,18 @@ def _image_splits(cfg: Config, size_default: int):
 
     probe = _raw_dataset(kind, root, "train", transform=None)
     classes = list(probe.classes)
-    native = size_default
+    native, mode = size_default, "RGB"
+    if kind == "imagefolder":  # its own size and channels, read off the first image
+        native, mode = _first_image(probe)
+        mean, std = (GRAY_MEAN, GRAY_STD) if mode == "L" else (IMAGENET_MEAN, IMAGENET_STD)
     size = cfg.model.img_size or native
 
     def build(split: str, train: bool):
         tf = _transforms(train, size, native, mean, std, d.augment)
         if d.in_memory:
-            images, labels = _decode_all(kind, root, split)
+            images, labels = _decode_all(kind, root, split, mode)
             return TensorImages(images, labels, tf)
-        return _raw_dataset(kind, root, split, transform=tf)
+        return _raw_dataset(kind, root, split, transform=tf, mode=mode)
 
     if has_val:
         train_ds, val_ds = build("train", True), build("val", False)
@@ -173,29 +180,59 @@ def _image_splits(cfg: Config, size_default: int):
         train_idx = train_idx[: d.train_limit]
     train_ds = Subset(train_ds, train_idx)
     test_ds = build("test", False) if has_test else None
-    return train_ds, val_ds, test_ds, classes, 3, size
+    return train_ds, val_ds, test_ds, classes, len(mode), size
+
+
+def _first_image(ds) -> tuple[int, str]:
+    """(side, "L" or "RGB") of an ImageFolder's first training image: its native size (the
+    larger side) and whether it is grayscale."""
+    from PIL import Image
+
+    if not ds.samples:
+        raise DataError(f"{ds.root}: no images in the class folders")
+    path = ds.samples[0][0]
+    try:
+        with Image.open(path) as img:
+            return max(img.size), "L" if img.mode in GRAY_MODES else "RGB"
+    except OSError as e:
+        raise DataError(f"{path}: not a readable image ({e}); remove or replace it") from None
+
+
+def load_digits_arrays():
+    """(images N x 8 x 8 in 0..16, labels) of scikit-learn's bundled digits. Read from the file
+    sklearn ships when it is where sklearn keeps it: importing sklearn (scipy with it) costs more
+    than a second of every quickstart run."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is None or not path.exists():
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        return bunch.images, bunch.target
+    table = np.loadtxt(path, delimiter=",")  # 64 pixel columns, then the label
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
 
 
 def _digits(cfg: Config):
     """scikit-learn's bundled 8x8 digits (1,797 images, 10 classes), resized once in memory."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    images, labels = load_digits_arrays()
+    x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
     size = cfg.model.img_size or DIGITS_SIDE
     if size != DIGITS_SIDE:
         x = torch.nn.functional.interpolate(
             x, size=(size, size), mode="bilinear", align_corners=False
         )
     x = (x - DIGITS_MEAN[0]) / DIGITS_STD[0]
-    y = torch.tensor(bunch.target, dtype=torch.long)
+    y = torch.tensor(labels, dtype=torch.long)
     if cfg.data.val_fraction <= 0:
         raise DataError("data.val_fraction must be > 0 for digits (it has no val split)")
     train_idx, val_idx = split_indices(len(y), cfg.data.val_fraction, cfg.train.seed)
     if cfg.data.train_limit:
         train_idx = train_idx[: cfg.data.train_limit]
     full = TensorDataset(x, y)
-    classes = [str(c) for c in bunch.target_names]
+    classes = [str(c) for c in range(10)]
     return Subset(full, train_idx), Subset(full, val_idx), None, classes, 1, size
 
 

@@ -6,12 +6,15 @@ import difflib
 
 import torch
 
+from accel import nets
 from accel.config import Config, ConfigError
 
 
 def check_model_name(name: str) -> None:
     """Exit-2 error for a name timm does not know, with the closest known names."""
     import timm
+
+    nets.register()  # accel's own networks (accel_cnn_*)
 
     if timm.is_model(name):
         return

@@ -277,3 +277,58 @@ def test_system_metrics_are_sampled_while_a_run_trains(tiny_overrides, store, mo
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= sampled
     assert not [k for k in unwatched.data.metrics if k.startswith("system/")]
     assert watched.info.status == "FINISHED"
+
+
+@pytest.fixture(scope="module")
+def gray_imagefolder(tmp_path_factory) -> Path:
+    """An ImageFolder unlike the quickstart's digits: 28x28 grayscale PNGs, 3 classes."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("gray")
+    rng = np.random.default_rng(0)
+    for split, per_class in (("train", 8), ("test", 2)):
+        for c in range(3):
+            (root / split / f"c{c}").mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, (28, 28), dtype=np.uint8)
+                Image.fromarray(pixels, mode="L").save(root / split / f"c{c}" / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("in_memory", ["false", "true"])
+def test_new_data_on_the_command_line_brings_its_own_size_and_channels(
+        gray_imagefolder, store, in_memory):
+    """The default config (the quickstart: digits at 8 px) with another data set on the command
+    line: the model is built for 28 px, 1 channel, and one line says what was not kept."""
+    short = ["train.epochs=1", "train.epoch_length=2", "train.batch_size=8", "train.device=cpu",
+             f"data.in_memory={in_memory}", "tracking.system_metrics=false"]
+    proc = run_cli("train", "data.dataset=imagefolder", f"data.root={gray_imagefolder}", *short,
+                   "--tracking-uri", store, "--experiment", "gray")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [line] = [ln for ln in proc.stderr.splitlines() if "model.img_size" in ln]
+    assert "model.img_size=8 from experiments/quickstart.yaml" in line
+    assert "data.dataset=digits" in line
+    [run] = runs_in(store, "gray")
+    params = run.data.params
+    assert (params["resolved.img_size"], params["resolved.in_chans"]) == ("28", "1")
+    assert params["resolved.num_classes"] == "3" and params["model.img_size"] == "null"
+    assert int(params["resolved.threads"]) >= 1
+
+    chosen = run_cli("train", "data.dataset=imagefolder", f"data.root={gray_imagefolder}",
+                     "model.img_size=16", *short, "--tracking-uri", store, "--experiment", "g16")
+    assert chosen.returncode == 0, chosen.stderr[-2000:]
+    assert "model.img_size" not in chosen.stderr
+    [run] = runs_in(store, "g16")
+    assert run.data.params["resolved.img_size"] == "16"
+
+
+def test_a_config_file_for_the_data_keeps_its_image_size(tmp_path):
+    """Only a dataset changed on the command line lets the file's model.img_size go."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({"data": {"dataset": "imagefolder", "root": "/x"},
+                                    "model": {"img_size": 24}}))
+    assert config.load(path).model.img_size == 24
+    assert config.load(path, ["train.lr=0.1"]).model.img_size == 24
+    assert config.load(path, ["data.root=/y"]).model.img_size is None
+    assert config.load(path, ["data.root=/y", "model.img_size=20"]).model.img_size == 20

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import accel.train.checkpoint as checkpoint
@@ -151,6 +152,9 @@ def _log_recipe(run: RunLog, parts: Parts) -> None:
         "resolved.amp": amp,
         "resolved.num_classes": parts.data.num_classes,
         "resolved.train_size": len(parts.data.train.dataset),
+        "resolved.img_size": parts.data.img_size,
+        "resolved.in_chans": parts.data.in_chans,
+        "resolved.threads": torch.get_num_threads(),  # OpenMP settings: environment.json
     })
     env = environment(str(parts.device), cfg.train.seed)
     retry_locked(tracker.log_json, run.run_id, env, "environment.json")
@@ -220,17 +224,27 @@ def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -
 
 
 def log_confusion_matrix(tracker, run_id: str, matrix: torch.Tensor, classes: list[str]) -> None:
+    """confusion_matrix.png: true label by row, prediction by column, counts in the cells (up to
+    20 classes). Drawn with matplotlib alone: sklearn's ConfusionMatrixDisplay draws the same,
+    but importing sklearn costs more than a second of every run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from sklearn.metrics import ConfusionMatrixDisplay
 
-    side = max(4.0, 0.45 * len(classes))
+    counts = matrix.cpu().numpy()
+    n = len(classes)
+    side = max(4.0, 0.45 * n)
     fig, ax = plt.subplots(figsize=(side, side))
-    ConfusionMatrixDisplay(matrix.cpu().numpy(), display_labels=classes).plot(
-        ax=ax, colorbar=False, include_values=len(classes) <= 20, xticks_rotation="vertical"
-    )
+    ax.imshow(counts, interpolation="nearest", cmap="viridis")
+    if n <= 20:
+        middle = (counts.max() + counts.min()) / 2.0
+        for (i, j), value in np.ndenumerate(counts):
+            ax.text(j, i, f"{int(value)}", ha="center", va="center",
+                    color="black" if value > middle else "white")
+    ax.set(xticks=range(n), yticks=range(n), xlabel="Predicted label", ylabel="True label")
+    ax.set_xticklabels(classes, rotation="vertical")
+    ax.set_yticklabels(classes)
     fig.tight_layout()
     tracker.log_figure(run_id, fig, "confusion_matrix.png")
     plt.close(fig)
