@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 # trials.
 run: $(STAMP)
 	$(BIN)/accel tune
-	$(BIN)/accel best --study quickstart
+	$(BIN)/accel best --study quickstart --brief
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

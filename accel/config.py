@@ -301,11 +301,11 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
 def follow_the_data(cfg: Config, dataset_before: str, keys: set[str], path) -> None:
     """The command line changed the data: a file's `model.img_size`, set for its own data,
     gives way to the new data's own size unless the command line sets it too (one line says so)."""
-    from accel.console import note
+    from accel.console import note_later
 
     if cfg.model.img_size is None or "model.img_size" in keys:
         return
-    note(f"model.img_size={cfg.model.img_size} from {path} was set for data.dataset="
+    note_later(f"model.img_size={cfg.model.img_size} from {path} was set for data.dataset="
          f"{dataset_before}; the new data's own image size is used (set model.img_size=N to "
          f"choose one)")
     cfg.model.img_size = None

@@ -145,8 +145,9 @@ def test_an_unreadable_image_is_named_in_one_line(tmp_path, damage, workers):
     bad.write_bytes(bad.read_bytes()[:200] if damage == "truncated" else b"not an image")
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = run_cli("train", "data.dataset=imagefolder", f"data.root={tmp_path / 'data'}",
-                   "model.name=test_resnet", "train.epochs=1", "train.batch_size=4",
-                   f"data.num_workers={workers}", "--tracking-uri", store, "--experiment", "bad")
+                   "model.name=test_resnet", "model.img_size=32", "train.epochs=1",
+                   "train.batch_size=4", f"data.num_workers={workers}", "--tracking-uri", store,
+                   "--experiment", "bad")
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if "mlflow.store.db" not in line]
     assert lines == [lines[-1]] and str(bad) in lines[0], proc.stderr  # one line, the file named

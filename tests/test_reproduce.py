@@ -252,6 +252,13 @@ def test_best_trial_of_a_study_reproduces_as_printed(original, tmp_path, capsys)
     assert cli.main(["best", "--study", "tiny", "--storage", storage, "--tracking-uri", uri]) == 0
     printed = capsys.readouterr().out
     command = next(line for line in printed.splitlines() if "accel reproduce" in line)
+    # --brief (the end of `make run`): the study, how to browse it, how to reproduce its best
+    assert cli.main(["best", "--study", "tiny", "--storage", storage, "--tracking-uri", uri,
+                     "--brief"]) == 0
+    summary, browse, reproduce = capsys.readouterr().out.strip().splitlines()
+    assert summary.startswith("study tiny: 2 trials (") and "; best val_accuracy " in summary
+    assert browse.startswith("browse: accel ui --tracking-uri ") and "#/experiments/" in browse
+    assert reproduce == command
     argv = shlex.split(command[command.index("accel reproduce") :])[1:]  # as a user pastes it
 
     assert cli.main(argv) == 0

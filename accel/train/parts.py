@@ -11,6 +11,7 @@ import torch
 
 from accel import engine, models
 from accel.config import Config
+from accel.console import say_notes
 from accel.train.checkpoint import Batches
 
 
@@ -41,6 +42,7 @@ def build(cfg: Config) -> Parts:
     device = engine.resolve_device(t.device)
     seed_everything(t.seed, t.deterministic)
     data = build_data(cfg, device)
+    say_notes()  # the data is there: what the config adapted to it (config.follow_the_data)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # this run's peak, not the process's
     bare = models.build_model(cfg, data.num_classes, data.in_chans, data.img_size)

@@ -155,17 +155,14 @@ def cli_best(args) -> int:
     command = f"accel reproduce {run_id}"
     if uri != DEFAULT_URI:
         command += f" --tracking-uri {shlex.quote(redact(uri))}"
-    lines = [f"study: {name} ({len(states)} trials: {counts})",
-             f"best trial: {best.number}",
-             f"{metric}: {best.value:.6g}",
-             "params:"]
-    lines += [f"  {k}: {_show(v)}" for k, v in best.params.items()]
-    lines += [f"mlflow run: {run_id} (experiment {name}, {redact(uri)})",
-              f"reproduce: {command}"]
     experiment = tracker_for(uri).client.get_experiment_by_name(name)
-    if experiment is not None:
-        lines.append(f"browse: {browse_hint(uri, experiment.experiment_id)}")
-    print("\n".join(lines))
+    browse = f"browse: {browse_hint(uri, experiment.experiment_id)}" if experiment else None
+    if args.brief:
+        lines = [f"study {name}: {len(states)} trials ({counts}); best {metric} "
+                 f"{best.value:.4g} (trial {best.number})", browse, f"reproduce: {command}"]
+    else:
+        lines = _best_lines(name, states, counts, best, metric, run_id, uri, command) + [browse]
+    print("\n".join(line for line in lines if line))
     if args.register:
         from accel import registry
 
@@ -177,6 +174,17 @@ def cli_best(args) -> int:
               f"{done.serialization}); evaluate: accel evaluate models:/{done.name}@{done.alias}"
               + (f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""))
     return 0
+
+
+def _best_lines(name, states, counts, best, metric, run_id, uri, command) -> list[str]:
+    lines = [f"study: {name} ({len(states)} trials: {counts})",
+             f"best trial: {best.number}",
+             f"{metric}: {best.value:.6g}",
+             "params:"]
+    lines += [f"  {k}: {_show(v)}" for k, v in best.params.items()]
+    lines += [f"mlflow run: {run_id} (experiment {name}, {redact(uri)})",
+              f"reproduce: {command}"]
+    return lines
 
 
 def _show(value: Any) -> str:
