@@ -387,7 +387,9 @@ def test_paper_file_header_and_search_space(path: Path):
     assert "expect" in header and "GPU" in header and "paper (Nokhwal et al., 2023)" in header
     cfg = config.load(path)
     assert cfg.data.dataset == path.stem.split("_")[0]
-    assert {dim.key for dim in check_search(cfg)} == PAPER_FIVE
+    dims = {dim.key: dim for dim in check_search(cfg)}
+    assert set(dims) == PAPER_FIVE | {"train.momentum"}
+    assert dims["train.momentum"].when == (("train.optimizer", ("sgd",)),)  # momentum: sgd only
     if "vit" in path.stem:  # 4x4-pixel patches of the 32x32 original: an 8x8 token grid
         assert "patch8" in cfg.model.name and cfg.model.img_size == 64
 

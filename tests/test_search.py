@@ -125,6 +125,48 @@ def test_trial_values_reach_the_config():
     assert json.loads(json.dumps(definition)) == definition
 
 
+CONDITIONAL = {
+    "train.optimizer": {"type": "categorical", "choices": ["adam", "sgd"]},
+    # listed before the key it depends on: the space is ordered so that conditions come first
+    "train.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True},
+}
+MOMENTUM = {"train.momentum": {"type": "float", "low": 0.8, "high": 0.95,
+                               "when": {"train.optimizer": "sgd"}}}
+
+
+def test_a_when_parameter_is_suggested_only_where_its_condition_holds():
+    import optuna
+
+    cfg = config.from_dict({**TINY, "search": {"space": {**MOMENTUM, **CONDITIONAL}}})
+    dims = search.check_search(cfg)
+    assert [d.key for d in dims][-1] == "train.momentum"
+    base = cfg.train.momentum
+    adam = search.trial_config(cfg, dims, optuna.trial.FixedTrial(
+        {"train.optimizer": "adam", "train.lr": 0.002, "train.momentum": 0.8}))
+    assert adam.train.optimizer == "adam" and adam.train.momentum == base  # not suggested
+    sgd = search.trial_config(cfg, dims, optuna.trial.FixedTrial(
+        {"train.optimizer": "sgd", "train.lr": 0.002, "train.momentum": 0.8}))
+    assert (sgd.train.optimizer, sgd.train.momentum) == ("sgd", 0.8)
+    assert search.definition(cfg, dims)["space"]["train.momentum"]["when"] == {
+        "train.optimizer": ["sgd"]}
+
+
+def test_a_when_parameter_is_absent_from_trials_where_its_condition_fails(tmp_path):
+    stores = Stores(tmp_path)
+    exp = experiment(tmp_path, "cond", space={**MOMENTUM, **CONDITIONAL}, sampler="random")
+    assert stores.tune(exp, "cond", "--n-trials", "6") == 0
+    trials = stores.study("cond").trials
+    by_optimizer = {t.params["train.optimizer"] for t in trials}
+    assert by_optimizer == {"adam", "sgd"}  # both sides of the condition ran
+    for t in trials:
+        assert ("train.momentum" in t.params) == (t.params["train.optimizer"] == "sgd"), t.params
+    runs = {r.data.tags.get("optuna.trial_number"): r for r in stores.runs("cond")}
+    for t in trials:
+        if "train.momentum" in t.params:  # the suggested value is what the run trained with
+            logged = float(runs[str(t.number)].data.params["train.momentum"])
+            assert logged == pytest.approx(t.params["train.momentum"])
+
+
 @pytest.mark.parametrize("name", search.PRUNERS)
 def test_each_pruner_can_be_chosen_from_the_command_line(name):
     import optuna
@@ -151,6 +193,25 @@ INVALID = {
     "unknown type": ({"train.lr": {"type": "loguniform", "low": 0.1, "high": 1.0}},
                      "not one of: float, int, categorical"),
     "empty space": ({}, "search.space is empty"),
+    "when on a key outside the space": (
+        {"train.lr": {"type": "float", "low": 0.001, "high": 0.01,
+                      "when": {"train.optimizer": "sgd"}}}, "not another key of the space"),
+    "when on an unknown key": (
+        {**SPACE, "train.momentum": {"type": "float", "low": 0.8, "high": 0.99,
+                                     "when": {"train.optimiser": "sgd"}}},
+        "train.optimiser is not another key"),
+    "when on a value never suggested": (
+        {**SPACE, "train.momentum": {"type": "float", "low": 0.8, "high": 0.99,
+                                     "when": {"train.optimizer": "lion"}}},
+        "train.optimizer='lion' can never be suggested"),
+    "when conditions in a cycle": (
+        {"train.optimizer": {"type": "categorical", "choices": ["adam", "sgd"],
+                             "when": {"train.lr": 0.001}},
+         "train.lr": {"type": "float", "low": 0.001, "high": 0.01,
+                      "when": {"train.optimizer": "sgd"}}}, "in a cycle"),
+    "when not a mapping": (
+        {**SPACE, "train.momentum": {"type": "float", "low": 0.8, "high": 0.99,
+                                     "when": "sgd"}}, "when: expected a mapping"),
 }
 
 

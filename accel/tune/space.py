@@ -8,6 +8,7 @@ study, and a resume that would change them is refused (`check_same_study`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import math
@@ -18,7 +19,7 @@ from accel.config import PRUNERS, SAMPLERS, Config, ConfigError, set_key, valida
 
 __all__ = ["PRUNERS", "SAMPLERS", "Dim", "check_search", "definition", "trial_config"]
 SPACE_TYPES = ("float", "int", "categorical")
-SPEC_FIELDS = ("type", "low", "high", "log", "step", "choices")
+SPEC_FIELDS = ("type", "low", "high", "log", "step", "choices", "when")
 UNSEARCHABLE = ("search.", "tracking.")  # these define the study and where it is logged
 
 
@@ -33,6 +34,11 @@ class Dim:
     log: bool = False
     step: float | None = None
     choices: tuple = ()
+    when: tuple = ()  # ((key, (allowed values...)), ...): searched only where all of them hold
+
+    def applies(self, values: dict[str, Any]) -> bool:
+        """Its condition holds for the values suggested so far (a key left out fails it)."""
+        return all(key in values and values[key] in allowed for key, allowed in self.when)
 
     def suggest(self, trial) -> Any:
         if self.type == "float":
@@ -45,9 +51,13 @@ class Dim:
     def as_dict(self) -> dict[str, Any]:
         """The JSON form kept in the study, compared when a study is resumed."""
         if self.type == "categorical":
-            return {"type": "categorical", "choices": list(self.choices)}
-        return {"type": self.type, "low": self.low, "high": self.high, "log": self.log,
-                "step": self.step}
+            out = {"type": "categorical", "choices": list(self.choices)}
+        else:
+            out = {"type": self.type, "low": self.low, "high": self.high, "log": self.log,
+                   "step": self.step}
+        if self.when:
+            out["when"] = {key: list(allowed) for key, allowed in self.when}
+        return out
 
 
 def check_search(cfg: Config) -> list[Dim]:
@@ -63,7 +73,49 @@ def parse_space(cfg: Config) -> list[Dim]:
     if not space:
         raise ConfigError("search.space is empty: map config keys to ranges, e.g. "
                           "train.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}")
-    return [_parse_dim(cfg, str(key), spec) for key, spec in space.items()]
+    dims = [_parse_dim(cfg, str(key), spec) for key, spec in space.items()]
+    return _conditions_first(dims)
+
+
+def _parse_when(where: str, spec: Any) -> tuple:
+    if not isinstance(spec, dict) or not spec:
+        raise ConfigError(f"{where}.when: expected a mapping of space keys to a value or a list "
+                          f"of values, e.g. {{train.optimizer: sgd}}; got {spec!r}")
+    return tuple((str(key), tuple(v if isinstance(v, list) else [v]))
+                 for key, v in spec.items())
+
+
+def _conditions_first(dims: list[Dim]) -> list[Dim]:
+    """Check each `when:` against the space (its keys searched, its values possible there) and
+    order the dims so that a condition's keys are suggested before the dim they decide."""
+    by_key = {d.key: d for d in dims}
+    for dim in dims:
+        for key, allowed in dim.when:
+            if key == dim.key or key not in by_key:
+                raise ConfigError(f"search.space.{dim.key}.when: {key} is not another key of "
+                                  f"the space; conditions can use: "
+                                  f"{', '.join(k for k in by_key if k != dim.key) or 'none'}")
+            for value in allowed:
+                if not _possible(by_key[key], value):
+                    raise ConfigError(f"search.space.{dim.key}.when: {key}={value!r} can never "
+                                      f"be suggested ({_short(by_key[key].as_dict())})")
+    ordered: list[Dim] = []
+    while len(ordered) < len(dims):
+        ready = [d for d in dims if d not in ordered
+                 and all(by_key[k] in ordered for k, _ in d.when)]
+        if not ready:
+            cycle = ", ".join(d.key for d in dims if d not in ordered)
+            raise ConfigError(f"search.space: the when: conditions of {cycle} depend on each "
+                              "other in a cycle")
+        ordered += ready
+    return ordered
+
+
+def _possible(dim: Dim, value: Any) -> bool:
+    if dim.type == "categorical":
+        return value in dim.choices
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and dim.low <= value <= dim.high)
 
 
 def _parse_dim(cfg: Config, key: str, spec: Any) -> Dim:
@@ -84,6 +136,8 @@ def _parse_dim(cfg: Config, key: str, spec: Any) -> Dim:
     dim = _categorical(where, key, spec) if kind == "categorical" else _range(where, key, spec)
     for value in dim.choices if kind == "categorical" else (dim.low, dim.high):
         _check_value(cfg, where, dim, value)
+    if "when" in spec:
+        dim = dataclasses.replace(dim, when=_parse_when(where, spec["when"]))
     return dim
 
 
@@ -168,10 +222,13 @@ def _check_value(cfg: Config, where: str, dim: Dim, value: Any) -> None:
 
 
 def trial_config(cfg: Config, dims: list[Dim], trial) -> Config:
-    """The base config with this trial's values set (a copy)."""
-    out = copy.deepcopy(cfg)
+    """The base config with this trial's values set (a copy). A dim whose `when:` fails is not
+    suggested at all (the trial has no such param) and the config keeps its value."""
+    out, values = copy.deepcopy(cfg), {}
     for dim in dims:
-        set_key(out, dim.key, dim.suggest(trial))
+        if dim.applies(values):
+            values[dim.key] = dim.suggest(trial)
+            set_key(out, dim.key, values[dim.key])
     validate(out)
     return out
 
