@@ -24,8 +24,11 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULERS = ("cosine", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 METRICS = ("val_accuracy", "val_loss", "val_f1")  # what the evaluator reports after every epoch
+# A run's costs, for multi-objective studies: total training seconds (evaluation excluded),
+# mean images per second, peak memory (MB).
+COST_METRICS = ("train_time_s", "train_throughput", "peak_memory_mb")
 DIRECTIONS = ("maximize", "minimize")
-SAMPLERS = ("tpe", "random")
+SAMPLERS = ("tpe", "random", "nsga2")
 PRUNERS = ("median", "hyperband", "none")
 DEFAULT_CONFIG = Path("experiments/quickstart.yaml")
 SPACE_KEY = "search.space"  # a mapping of dotted keys: flattened into params (config_params)
@@ -85,6 +88,9 @@ class SearchConfig:
     sampler: str = "tpe"
     pruner: str = "median"
     space: dict[str, Any] = field(default_factory=dict)
+    # Two or more {metric, direction}: a multi-objective study (Pareto front); metric and
+    # direction above then only choose the epoch whose weights best.pt keeps.
+    objectives: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -181,9 +187,10 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             if isinstance(value, dict | list):
                 raise ValueError
             return str(value)
-        if typing.get_origin(base) is dict or base is dict:
+        if typing.get_origin(base) in (dict, list) or base in (dict, list):
+            kind = typing.get_origin(base) or base
             parsed = yaml.safe_load(value) if isinstance(value, str) else value
-            if not isinstance(parsed, dict):
+            if not isinstance(parsed, kind):
                 raise ValueError
             return parsed
     except (TypeError, ValueError, yaml.YAMLError):
@@ -196,6 +203,8 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is dict or tp is dict:
         return "a mapping"
+    if typing.get_origin(tp) is list or tp is list:
+        return "a list"
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
         tp, str(tp)
     )
@@ -311,6 +320,31 @@ def follow_the_data(cfg: Config, dataset_before: str, keys: set[str], path) -> N
     cfg.model.img_size = None
 
 
+def objectives(s: SearchConfig) -> list[tuple[str, str]]:
+    """The study's (metric, direction) pairs: `search.objectives`, else the one metric."""
+    return [(o["metric"], o["direction"]) for o in s.objectives] or [(s.metric, s.direction)]
+
+
+def _check_objectives(s: SearchConfig) -> None:
+    if not s.objectives:
+        return
+    if not isinstance(s.objectives, list) or len(s.objectives) < 2:
+        raise ConfigError(f"search.objectives={s.objectives!r}: list two or more "
+                          "{metric, direction}; for one, use search.metric and search.direction")
+    for i, o in enumerate(s.objectives):
+        where = f"search.objectives[{i}]"
+        if not isinstance(o, dict) or set(o) != {"metric", "direction"}:
+            raise ConfigError(f"{where}={o!r}: expected {{metric: ..., direction: ...}}")
+        _choice(f"{where}.metric", o["metric"], METRICS + COST_METRICS)
+        _choice(f"{where}.direction", o["direction"], DIRECTIONS)
+    names = [o["metric"] for o in s.objectives]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"search.objectives: a metric is listed twice ({', '.join(names)})")
+    if s.pruner != "none":
+        raise ConfigError(f"search.pruner={s.pruner}: Optuna prunes single-objective studies "
+                          f"only; with {len(names)} objectives set search.pruner=none")
+
+
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{key}={value!r} is not one of: {', '.join(choices)}")
@@ -353,3 +387,4 @@ def validate(cfg: Config) -> None:
         ("search.sampler", s.sampler, SAMPLERS), ("search.pruner", s.pruner, PRUNERS),
     ):
         _choice(key, value, choices)
+    _check_objectives(s)

@@ -167,6 +167,75 @@ def test_a_when_parameter_is_absent_from_trials_where_its_condition_fails(tmp_pa
             assert logged == pytest.approx(t.params["train.momentum"])
 
 
+TWO_OBJECTIVES = [{"metric": "val_accuracy", "direction": "maximize"},
+                  {"metric": "train_time_s", "direction": "minimize"}]
+
+
+def non_dominated(points: dict[int, tuple[float, float]]) -> set[int]:
+    """Trials no other trial beats on accuracy (higher) and time (lower) at once."""
+    def beats(a, b):
+        return a[0] >= b[0] and a[1] <= b[1] and a != b
+    return {n for n, p in points.items() if not any(beats(q, p) for q in points.values())}
+
+
+def test_a_two_objective_study_keeps_its_pareto_front(tmp_path, capsys):
+    import csv
+    import io
+
+    stores = Stores(tmp_path)
+    exp = experiment(tmp_path, "mo", objectives=TWO_OBJECTIVES, pruner="none", sampler="nsga2")
+    assert stores.tune(exp, "mo", "--n-trials", "6") == 0
+    complete = [t for t in stores.study("mo").trials if t.state.name == "COMPLETE"]
+    assert len(complete) == 6
+    runs = {int(r.data.tags["optuna.trial_number"]): r for r in role(stores.runs("mo"), "trial")}
+    # Each trial's values are its run's own metrics: the best epoch's accuracy, the run's time.
+    own = {n: (r.data.metrics["best_val_accuracy"], r.data.metrics["train_time_s"])
+           for n, r in runs.items()}
+    for t in complete:
+        assert t.values == pytest.approx(list(own[t.number]), rel=1e-9)
+    expected = non_dominated(own)
+
+    [parent] = role(stores.runs("mo"), "study")
+    client = stores.client()
+    rows = list(csv.DictReader(io.StringIO(
+        Path(client.download_artifacts(parent.info.run_id, "pareto.csv", str(tmp_path)))
+        .read_text())))
+    assert {int(r["number"]) for r in rows} == expected
+    assert {r["run_id"] for r in rows} == {runs[n].info.run_id for n in expected}
+    parent = client.get_run(parent.info.run_id)
+    assert parent.data.metrics["n_pareto"] == len(expected)
+    assert parent.data.metrics["best_train_time_s"] == min(own[n][1] for n in expected)
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    assert {"plots/pareto_front.html", "plots/pareto_front.png"} <= artifacts
+    for n, run in runs.items():
+        assert run.data.tags["accel.pareto"] == str(n in expected).lower()
+
+    capsys.readouterr()
+    assert main(["best", "--study", "mo", "--storage", stores.storage,
+                 "--tracking-uri", stores.uri]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines()
+              if line.startswith("  trial ")]
+    assert {int(line.split()[1].rstrip(":")) for line in listed} == expected
+    assert all("accel reproduce " in line for line in listed)
+    assert main(["best", "--study", "mo", "--storage", stores.storage,
+                 "--tracking-uri", stores.uri, "--pick", "train_time_s"]) == 0
+    fastest = min(expected, key=lambda n: own[n][1])
+    assert f"best trial: {fastest}\n" in capsys.readouterr().out
+    assert main(["best", "--study", "mo", "--storage", stores.storage,
+                 "--tracking-uri", stores.uri, "--pick", "val_loss"]) == 2
+    assert "not an objective" in capsys.readouterr().err
+
+
+def test_pruning_with_two_objectives_is_refused(tmp_path):
+    exp = experiment(tmp_path, "mo", objectives=TWO_OBJECTIVES)  # the default pruner: median
+    proc = run_cli("tune", str(exp), "--storage", str(tmp_path / "optuna.journal"),
+                   "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", timeout=60)
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert line == ("accel: error: search.pruner=median: Optuna prunes single-objective studies "
+                    "only; with 2 objectives set search.pruner=none")
+
+
 @pytest.mark.parametrize("name", search.PRUNERS)
 def test_each_pruner_can_be_chosen_from_the_command_line(name):
     import optuna

@@ -50,6 +50,20 @@ class Result:
         comes from here, so it and checkpoint/best.pt describe the same weights."""
         return self.history[self.best_epoch - 1] if self.best_epoch else {}
 
+    @property
+    def costs(self) -> dict[str, float]:
+        """What the run cost (config.COST_METRICS): total training seconds (evaluation
+        excluded), mean images per second, peak memory."""
+        return run_costs(self.history)
+
+
+def run_costs(history: list[dict[str, float]]) -> dict[str, float]:
+    if not history:
+        return {}
+    return {"train_time_s": sum(row["epoch_time_s"] for row in history),
+            "train_throughput": sum(row["train_throughput"] for row in history) / len(history),
+            "peak_memory_mb": max(row["peak_memory_mb"] for row in history)}
+
 
 def train(
     cfg: Config,

@@ -32,7 +32,7 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
     trainer, cfg = parts.trainer, parts.cfg
     metric, direction = cfg.search.metric, cfg.search.direction
     pruning = None
-    if trial is not None:
+    if trial is not None and len(trial.study.directions) == 1:  # Optuna: no multi-obj. pruning
         from optuna_integration import PyTorchIgnitePruningHandler
 
         pruning = PyTorchIgnitePruningHandler(trial, metric.removeprefix("val_"), trainer)

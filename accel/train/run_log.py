@@ -213,7 +213,8 @@ def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -
         return
     metric = parts.cfg.search.metric
     summary = {k: v for k, v in final.items() if k.startswith("test_")}
-    summary.update({"best_epoch": best, f"best_{metric}": parts.history[best - 1][metric]})
+    summary.update({"best_epoch": best, f"best_{metric}": parts.history[best - 1][metric],
+                    "train_time_s": sum(row["epoch_time_s"] for row in parts.history)})
     run.metrics(summary, step=parts.trainer.state.epoch)
     if "confusion_matrix" not in parts.evaluator.state.metrics:  # resumed with no epoch left
         parts.evaluator.run(parts.data.val)

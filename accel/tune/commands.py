@@ -12,6 +12,7 @@ from accel.config import Config, ConfigError
 from accel.console import note, progress, quiet_libraries
 from accel.tracking import retry_locked, tracker_for
 from accel.tracking.store import browse_hint
+from accel.tune import pareto
 from accel.tune import tracking as st
 from accel.tune.nodes import NodeLease, live_nodes
 from accel.tune.storage import default_storage, is_journal, open_storage
@@ -104,6 +105,8 @@ def summary(study, job: TuneJob) -> str:
     best = st.best_trial(study)
     best_text = (f"best {job.cfg.search.metric}={best.value:.4f} (trial {best.number})"
                  if best else "no complete trial yet")
+    if pareto.is_multi(study):
+        best_text = f"Pareto front: {len(pareto.front(study))} trial(s)"
     return (f"study {job.study}: this run {len(mine)} trial(s) ({counts['COMPLETE']} complete, "
             f"{counts['PRUNED']} pruned, {counts['FAIL']} failed); {len(study.trials)} in all; "
             f"{best_text}. See `accel best --study {job.study}"
@@ -141,7 +144,7 @@ def cli_best(args) -> int:
         check_name(args.register, args.alias)
     name = args.study
     study = load_existing_study(name, args.storage)
-    best = st.best_trial(study)
+    best, metric = _chosen(study, args)
     states = [t.state.name for t in study.trials]
     counts = ", ".join(f"{states.count(s)} {word}" for s, word in
                        (("COMPLETE", "complete"), ("PRUNED", "pruned"), ("FAIL", "failed")))
@@ -149,19 +152,20 @@ def cli_best(args) -> int:
         progress(f"study {name}: no complete trial yet ({len(states)} trials: {counts})")
         return 1
     uri = args.tracking_uri or study.user_attrs.get(ATTR_TRACKING) or resolve_uri(None)
-    run_id = (best.user_attrs.get(st.ATTR_RUN)
-              or st.find_trial_run(tracker_for(uri), name, best.number))
-    metric = study.user_attrs.get(ATTR_DEFINITION, {}).get("metric", "value")
-    command = f"accel reproduce {run_id}"
-    if uri != DEFAULT_URI:
-        command += f" --tracking-uri {shlex.quote(redact(uri))}"
+    reproduce = _reproduce_command(tracker_for(uri), name, uri)
+    command, run_id = reproduce(best)
+    if pareto.is_multi(study) and not (args.pick or args.brief):
+        _print_front(study, counts, reproduce, _storage_flag(args.storage or default_storage()))
+        return 0
     experiment = tracker_for(uri).client.get_experiment_by_name(name)
     browse = f"browse: {browse_hint(uri, experiment.experiment_id)}" if experiment else None
     if args.brief:
         lines = [f"study {name}: {len(states)} trials ({counts}); best {metric} "
-                 f"{best.value:.4g} (trial {best.number})", browse, f"reproduce: {command}"]
+                 f"{_value(study, best, metric):.4g} (trial {best.number})", browse,
+                 f"reproduce: {command}"]
     else:
-        lines = _best_lines(name, states, counts, best, metric, run_id, uri, command) + [browse]
+        lines = _best_lines(name, states, counts, best, metric, _value(study, best, metric),
+                            run_id, uri, command) + [browse]
     print("\n".join(line for line in lines if line))
     if args.register:
         from accel import registry
@@ -169,17 +173,64 @@ def cli_best(args) -> int:
         tracker = tracker_for(uri)
         done = registry.register(tracker, run_id, args.register, args.alias, tags={
             "accel.study": name, "optuna.trial_number": str(best.number),
-            "accel.metric": metric, "accel.value": f"{best.value:.6g}"})
+            "accel.metric": metric, "accel.value": f"{_value(study, best, metric):.6g}"})
         print(f"registered: models:/{done.name}@{done.alias} (version {done.version}, "
               f"{done.serialization}); evaluate: accel evaluate models:/{done.name}@{done.alias}"
               + (f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""))
     return 0
 
 
-def _best_lines(name, states, counts, best, metric, run_id, uri, command) -> list[str]:
+def _chosen(study, args) -> tuple[Any, str]:
+    """The trial `accel best` names and its metric: the best trial; in a multi-objective study
+    the front's best on `--pick METRIC` (the first objective by default)."""
+    if not pareto.is_multi(study):
+        metric = study.user_attrs.get(ATTR_DEFINITION, {}).get("metric", "value")
+        if args.pick and args.pick != metric:
+            raise ConfigError(f"--pick {args.pick}: study '{study.study_name}' has one "
+                              f"objective, {metric}")
+        return st.best_trial(study), metric
+    metric = args.pick or pareto.objective_names(study)[0]
+    front = pareto.front(study)
+    if args.register and not args.pick:
+        raise ConfigError(f"study '{study.study_name}' has a Pareto front, not one best trial: "
+                          f"add --pick METRIC ({', '.join(pareto.objective_names(study))})")
+    return (pareto.pick(study, front, metric) if front else None), metric
+
+
+def _value(study, trial, metric: str) -> float:
+    if not pareto.is_multi(study):
+        return trial.value
+    return trial.values[pareto.objective_names(study).index(metric)]
+
+
+def _reproduce_command(tracker, name: str, uri: str):
+    def command(trial) -> tuple[str, str]:
+        run_id = trial.user_attrs.get(st.ATTR_RUN) or st.find_trial_run(tracker, name,
+                                                                         trial.number)
+        flag = f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""
+        return f"accel reproduce {run_id}{flag}", run_id
+
+    return command
+
+
+def _print_front(study, counts: str, reproduce, storage_flag: str) -> None:
+    front = pareto.front(study)
+    objectives = ", ".join(f"{n} ({d.name.lower()})" for n, d in
+                           zip(pareto.objective_names(study), study.directions, strict=True))
+    print(f"study: {study.study_name} ({len(study.trials)} trials: {counts})")
+    print(f"Pareto front over {objectives}: {len(front)} trial(s)")
+    for t in front:
+        command, run_id = reproduce(t)
+        print(f"  trial {t.number}: {pareto.describe(study, t.values)}  run {run_id}  "
+              f"reproduce: {command}")
+    print(f"pick one (the front's best on a metric): accel best --study {study.study_name}"
+          f"{storage_flag} --pick {'|'.join(pareto.objective_names(study))}")
+
+
+def _best_lines(name, states, counts, best, metric, value, run_id, uri, command) -> list[str]:
     lines = [f"study: {name} ({len(states)} trials: {counts})",
              f"best trial: {best.number}",
-             f"{metric}: {best.value:.6g}",
+             f"{metric}: {value:.6g}",
              "params:"]
     lines += [f"  {k}: {_show(v)}" for k, v in best.params.items()]
     lines += [f"mlflow run: {run_id} (experiment {name}, {redact(uri)})",

@@ -10,7 +10,7 @@ import socket
 import warnings
 from pathlib import Path
 
-from accel.config import ConfigError
+from accel.config import COST_METRICS, ConfigError, objectives
 from accel.console import note, warn
 from accel.errors import describe_error, one_line
 from accel.tracking import retry_locked, scratch_dir, tracker_for
@@ -48,12 +48,9 @@ class Objective:
                                parent_run_id=job.parent_run_id,
                                resume=self._resume_point(trial, Path(tmp)))
             run_id = result.run_id
-            # The best epoch's value: the epoch whose weights the run's best.pt holds.
-            value = result.best[job.cfg.search.metric]
-            if not math.isfinite(value):
-                raise RuntimeError(f"{job.cfg.search.metric} is {value}")
+            values = objective_values(result, objectives(job.cfg.search))
             state = "COMPLETE"
-            return value
+            return values[0] if len(values) == 1 else values
         except optuna.TrialPruned:
             state = "PRUNED"
             raise
@@ -117,6 +114,18 @@ class Objective:
                               parent_run_id=job.parent_run_id)
         retry_locked(self.tracker.log_config, run_id, job.cfg)
         return run_id
+
+
+def objective_values(result, pairs: list[tuple[str, str]]) -> list[float]:
+    """Validation metrics from the best epoch (the epoch whose weights the run's best.pt
+    holds), costs over the whole run."""
+    values = []
+    for metric, _ in pairs:
+        value = result.costs[metric] if metric in COST_METRICS else result.best[metric]
+        if not math.isfinite(value):
+            raise RuntimeError(f"{metric} is {value}")
+        values.append(value)
+    return values
 
 
 def _free_accelerator_memory() -> None:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from accel.config import PRUNERS, SAMPLERS, Config, ConfigError, set_key, validate
+from accel.config import PRUNERS, SAMPLERS, Config, ConfigError, objectives, set_key, validate
 
 __all__ = ["PRUNERS", "SAMPLERS", "Dim", "check_search", "definition", "trial_config"]
 SPACE_TYPES = ("float", "int", "categorical")
@@ -234,15 +234,19 @@ def trial_config(cfg: Config, dims: list[Dim], trial) -> Config:
 
 
 def definition(cfg: Config, dims: list[Dim]) -> dict[str, Any]:
-    """What makes trials of a study comparable; stored in the study's user attrs."""
-    return {"metric": cfg.search.metric, "direction": cfg.search.direction,
-            "space": {d.key: d.as_dict() for d in dims}}
+    """What makes trials of a study comparable; stored in the study's user attrs. A
+    multi-objective study is defined by its objectives (metric and direction pick best.pt's
+    epoch there)."""
+    space = {d.key: d.as_dict() for d in dims}
+    if cfg.search.objectives:
+        return {"objectives": [list(o) for o in objectives(cfg.search)], "space": space}
+    return {"metric": cfg.search.metric, "direction": cfg.search.direction, "space": space}
 
 
 def check_same_study(name: str, stored: dict[str, Any], wanted: dict[str, Any]) -> None:
-    """Refuse to resume a study with another metric, direction or space: say what differs."""
-    diffs = [f"search.{k} is {stored.get(k)}, this run asks for {wanted[k]}"
-             for k in ("metric", "direction") if stored.get(k) != wanted[k]]
+    """Refuse to resume a study with other objectives or another space: say what differs."""
+    diffs = [f"search.{k} is {stored.get(k)}, this run asks for {wanted.get(k)}"
+             for k in ("metric", "direction", "objectives") if stored.get(k) != wanted.get(k)]
     old, new = stored.get("space", {}), wanted["space"]
     for key in sorted(old.keys() | new.keys()):
         if key not in new:

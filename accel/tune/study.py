@@ -15,7 +15,7 @@ import uuid
 import warnings
 from dataclasses import dataclass
 
-from accel.config import Config, ConfigError
+from accel.config import Config, ConfigError, objectives
 from accel.tracking import Tracker
 from accel.tracking.store import check_reachable
 from accel.tune import tracking as st
@@ -36,6 +36,9 @@ def build_sampler(name: str, seed: int):
 
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        # Generations of 8 (Optuna's default, 50, would leave a study of tens of trials random).
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
     # 5 random trials before TPE models the space (the default, 10, would leave a 10-trial study
     # all random). constant_liar (Optuna's default) keeps parallel workers from piling on one spot.
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
@@ -94,21 +97,25 @@ def open_study(cfg: Config, dims: list[Dim], name: str, storage):
     node waits until the definition, written last, is there."""
     import optuna
 
+    wanted_objectives = objectives(cfg.search)
     try:
         study = optuna.create_study(study_name=name, storage=storage,
-                                    direction=cfg.search.direction)
+                                    directions=[d for _, d in wanted_objectives])
         with warnings.catch_warnings():  # "experimental" in Optuna 5
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names([cfg.search.metric])  # dashboards: not "Objective 0"
+            study.set_metric_names([m for m, _ in wanted_objectives])  # not "Objective 0"
         return study, True
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=name, storage=storage)
     wanted = definition(cfg, dims)
     stored = _wait_for_definition(study)
     if stored is None:  # made outside accel (or its creator died): it takes this definition
-        stored = {**wanted, "direction": study.direction.name.lower()}
-        check_same_study(name, stored, wanted)
+        directions = [d.name.lower() for d in study.directions]
+        if directions != [d for _, d in wanted_objectives]:
+            raise ConfigError(f"study '{name}' exists with directions {directions}, this run "
+                              f"asks for {[d for _, d in wanted_objectives]}: use a new --study")
         study.set_user_attr(ATTR_DEFINITION, wanted)
+        stored = wanted
     check_same_study(name, stored, wanted)
     return study, False
 

@@ -15,6 +15,7 @@ from accel.config import Config
 from accel.console import note
 from accel.errors import one_line
 from accel.tracking import retry_locked
+from accel.tune import pareto
 from accel.uris import redact
 
 RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}  # Optuna -> MLflow
@@ -133,7 +134,10 @@ def close_dead_trial(tracker, study, trial, message: str, *, interrupted: bool) 
 
 
 def best_trial(study):
-    """The best COMPLETE trial, or None while there is none."""
+    """The best COMPLETE trial, or None while there is none (and in a multi-objective study,
+    which has a front instead: `pareto.front`)."""
+    if pareto.is_multi(study):
+        return None
     try:
         return study.best_trial
     except ValueError:
@@ -146,6 +150,10 @@ def update_parent(tracker, study, run_id: str, *, plots: bool) -> None:
     counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL")}
     metrics = {"n_complete": counts["COMPLETE"], "n_pruned": counts["PRUNED"],
                "n_failed": counts["FAIL"]}
+    front = pareto.front(study) if pareto.is_multi(study) else []
+    if front:
+        metrics.update({"n_pareto": len(front), **pareto.best_values(study, front)})
+        log_front(tracker, study, front, run_id)
     best = best_trial(study)
     if best is not None:
         metrics["best_value"] = best.value
@@ -157,8 +165,24 @@ def update_parent(tracker, study, run_id: str, *, plots: bool) -> None:
     finished = sum(counts.values())
     retry_locked(tracker.log_metrics, run_id, metrics, step=finished)
     retry_locked(tracker.log_text, run_id, trials_csv(study), "trials.csv")
-    if plots and best is not None:
+    if plots and (best is not None or front):
         log_plots(tracker, study, run_id)
+
+
+_pareto_tags: dict[str, str] = {}  # run id -> its accel.pareto tag, as this process set it
+
+
+def log_front(tracker, study, front: list, run_id: str) -> None:
+    """pareto.csv on the parent run; `accel.pareto=true` on the front's trial runs, `false` on
+    the other complete trials' (a trial leaves the front when a later one dominates it)."""
+    run_of = lambda t: t.user_attrs.get(ATTR_RUN)  # noqa: E731
+    retry_locked(tracker.log_text, run_id, pareto.pareto_csv(study, front, run_of), "pareto.csv")
+    on_front = {t.number for t in front}
+    for t in study.get_trials(deepcopy=False, states=complete_states()):
+        trial_run, tag = run_of(t), str(t.number in on_front).lower()
+        if trial_run and _pareto_tags.get(trial_run) != tag:
+            retry_locked(tracker.set_tags, trial_run, {"accel.pareto": tag})
+            _pareto_tags[trial_run] = tag
 
 
 def trials_csv(study) -> str:
@@ -180,18 +204,26 @@ def log_plots(tracker, study, run_id: str) -> None:
     import optuna.visualization.matplotlib as png_plots
 
     complete = len(study.get_trials(deepcopy=False, states=complete_states()))
-    for name in PLOTS:
+    multi = pareto.is_multi(study)
+    names = ("pareto_front", "parallel_coordinate") if multi else PLOTS
+    for name in names:
         if name == "param_importances" and complete < 2:
             continue  # importances need at least two complete trials
+        if multi and name == "pareto_front" and len(study.directions) > 3:
+            continue  # Optuna draws fronts of 2 or 3 objectives
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "experimental" warnings of the matplotlib API
-                figure = getattr(html_plots, f"plot_{name}")(study)
+                options = {"target_names": pareto.objective_names(study)} if multi else {}
+                if multi and name == "parallel_coordinate":  # colour by the first objective
+                    options = {"target": lambda t: t.values[0],
+                               "target_name": pareto.objective_names(study)[0]}
+                figure = getattr(html_plots, f"plot_{name}")(study, **options)
                 # Inline plotly.js (~4 MB): the UI shows the plot without a network.
                 retry_locked(tracker.log_text, run_id,
                              figure.to_html(include_plotlyjs=True, full_html=True),
                              f"plots/{name}.html")
-                axes = getattr(png_plots, f"plot_{name}")(study)
+                axes = getattr(png_plots, f"plot_{name}")(study, **options)
                 fig = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
                 fig.set_size_inches(10, 6)
                 retry_locked(tracker.log_figure, run_id, fig, f"plots/{name}.png")

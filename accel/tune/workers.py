@@ -22,6 +22,7 @@ from accel.console import progress, quiet_libraries, warn
 from accel.errors import one_line
 from accel.signals import handle_stops, ignore_stops, stop_requested
 from accel.tracking import retry_locked
+from accel.tune import pareto
 from accel.tune import tracking as st
 from accel.tune.nodes import process_alive
 from accel.tune.objective import Objective
@@ -87,7 +88,9 @@ def run_worker(job: TuneJob, index: int, budget: Budget) -> None:
 
 def describe_trial(study, trial, metric: str) -> str:
     took = f" in {trial.duration.total_seconds():.1f}s" if trial.duration else ""
-    if trial.state.name == "COMPLETE":
+    if trial.state.name == "COMPLETE" and pareto.is_multi(study):
+        what = pareto.describe(study, trial.values)
+    elif trial.state.name == "COMPLETE":
         what = f"{metric}={trial.value:.4f}"
     elif trial.state.name == "PRUNED":
         what = f"at epoch {trial.last_step}" if trial.last_step is not None else ""
@@ -95,6 +98,8 @@ def describe_trial(study, trial, metric: str) -> str:
         what = trial.user_attrs.get(st.ATTR_ERROR, "")
     best = st.best_trial(study)
     tail = f"; best {best.value:.4f} (trial {best.number})" if best else ""
+    if pareto.is_multi(study):
+        tail = f"; Pareto front: {len(pareto.front(study))} trial(s)"
     return f"trial {trial.number:03d} {trial.state.name} {what}{took}{tail}"
 
 
