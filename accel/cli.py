@@ -180,6 +180,12 @@ def _training_commands(command) -> None:
     p.add_argument("--n-trials", type=int, metavar="N", help="trials for this invocation")
     p.add_argument("--timeout", type=float, metavar="S", help="stop starting trials after S s")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes")
+    p.add_argument("--enqueue", nargs="+", default=[], metavar="RUN_ID",
+                   help="queue the searched values of these logged runs as the next trials")
+    p.add_argument("--from-study", metavar="OTHER", help="copy the finished trials of study "
+                   "OTHER (same objectives, values inside this space) as prior knowledge")
+    p.add_argument("--from-storage", metavar="URL",
+                   help="where --from-study lives (default: this study's storage)")
 
     p = command("best", "print a study's best trial, its MLflow run and how to reproduce it",
                 cmd_best, _storage_arg, _tracking_arg)

@@ -91,6 +91,7 @@ class SearchConfig:
     # Two or more {metric, direction}: a multi-objective study (Pareto front); metric and
     # direction above then only choose the epoch whose weights best.pt keeps.
     objectives: list[dict[str, str]] = field(default_factory=list)
+    enqueue: list[dict[str, Any]] = field(default_factory=list)  # partial configs tried first
 
 
 @dataclass

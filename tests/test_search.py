@@ -236,6 +236,105 @@ def test_pruning_with_two_objectives_is_refused(tmp_path):
                     "only; with 2 objectives set search.pruner=none")
 
 
+# --- warm starts -------------------------------------------------------------------------------
+
+RUN_VALUES = {"train.lr": 0.0042, "train.optimizer": "sgd", "train.weight_decay": 0.03,
+              "train.clip_grad_norm": 1.0, "train.accumulation_steps": 2}
+
+
+def logged_run(stores: Stores, values: dict, experiment_name: str = "elsewhere") -> str:
+    """An `accel train` run in the study's store (another experiment), trained with `values`."""
+    exp = experiment(stores.root, "one")
+    assert main(["train", str(exp), *(f"{k}={v}" for k, v in values.items()),
+                 "--tracking-uri", stores.uri, "--experiment", experiment_name]) == 0
+    client = stores.client()
+    [run] = client.search_runs([client.get_experiment_by_name(experiment_name).experiment_id])
+    return run.info.run_id
+
+
+def test_enqueued_runs_and_file_entries_come_first_then_the_baseline(tmp_path):
+    stores = Stores(tmp_path)
+    run_id = logged_run(stores, RUN_VALUES)
+    exp = experiment(tmp_path, "warm", enqueue=[{"train.lr": 0.005, "train.optimizer": "adam"}])
+    assert stores.tune(exp, "warm", "--n-trials", "3", "--enqueue", run_id) == 0
+    trials = stores.study("warm").trials
+    assert trials[0].params == RUN_VALUES  # the run's values, typed as the space has them
+    assert trials[0].user_attrs["accel.enqueued_from"] == run_id
+    assert (trials[1].params["train.lr"], trials[1].params["train.optimizer"]) == (0.005, "adam")
+    assert trials[1].user_attrs["accel.enqueued_from"] == "search.enqueue[0]"
+    assert trials[2].user_attrs.get("accel.baseline") is True
+    [parent] = role(stores.runs("warm"), "study")
+    assert run_id in parent.data.tags["accel.warm_start"]
+
+
+class SpyTPE:
+    """TPE that records how many COMPLETE trials it learns from at each sampled trial."""
+
+    seen: list[int] = []
+
+    def __init__(self, seed):
+        import optuna
+
+        self.inner = optuna.samplers.TPESampler(seed=seed, n_startup_trials=2)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def infer_relative_search_space(self, study, trial):
+        from optuna.trial import TrialState
+
+        SpyTPE.seen.append(len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))))
+        return self.inner.infer_relative_search_space(study, trial)
+
+
+def test_from_study_copies_finished_trials_and_the_sampler_learns_from_them(tmp_path,
+                                                                            monkeypatch):
+    stores = Stores(tmp_path)
+    exp = experiment(tmp_path, "warm", pruner="none")
+    assert stores.tune(exp, "old", "--n-trials", "3") == 0
+    old = [t for t in stores.study("old").trials if t.state.name == "COMPLETE"]
+    SpyTPE.seen = []
+    monkeypatch.setattr(tune_workers, "build_sampler", lambda name, seed: SpyTPE(seed))
+    assert stores.tune(exp, "new", "--n-trials", "2", "--from-study", "old") == 0
+    new = stores.study("new").trials
+    copied = [t for t in new if "accel.copied_from" in t.user_attrs]
+    assert [(t.params, t.values) for t in copied] == [(t.params, t.values) for t in old]
+    assert {t.user_attrs["accel.copied_from"] for t in copied} == {f"old#{t.number}"
+                                                                   for t in old}
+    assert max(SpyTPE.seen) >= len(old) + 1  # the sampled trial saw the copies (and baseline)
+    # The same command again copies nothing twice.
+    assert stores.tune(exp, "new", "--n-trials", "0", "--from-study", "old") == 0
+    assert len([t for t in stores.study("new").trials
+                if "accel.copied_from" in t.user_attrs]) == len(old)
+
+
+def test_bad_warm_starts_exit_2_with_one_line(tmp_path):
+    stores = Stores(tmp_path)
+    outside = logged_run(stores, {**RUN_VALUES, "train.lr": 0.5})
+    exp = experiment(tmp_path, "warm")
+    mo = experiment(tmp_path, "mo", objectives=TWO_OBJECTIVES, pruner="none")
+    assert stores.tune(exp, "first", "--n-trials", "0") == 0
+    cases = [
+        (["--enqueue", "0" * 32], "--enqueue 00000000000000000000000000000000: no such run"),
+        (["--enqueue", outside], f"--enqueue {outside}: train.lr=0.5 is outside the search"),
+        (["--from-study", "nope"], "--from-study nope: no such study"),
+        (["--from-storage", stores.storage], "--from-storage needs --from-study"),
+    ]
+    where = ["--storage", stores.storage, "--tracking-uri", stores.uri]
+    for extra, words in cases:
+        proc = run_cli("tune", str(exp), "--study", "w2", *where, *extra, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        [line] = proc.stderr.strip().splitlines()
+        assert words in line, line
+    proc = run_cli("tune", str(mo), "--study", "w3", *where, "--from-study", "first")
+    assert proc.returncode == 2 and "its objectives" in proc.stderr.strip().splitlines()[-1]
+    bad_file = experiment(tmp_path, "bad", enqueue=[{"train.lrr": 0.01}])
+    proc = run_cli("tune", str(bad_file), *where)
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert "search.enqueue[0]: train.lrr is not a key of the search space" in line
+
+
 @pytest.mark.parametrize("name", search.PRUNERS)
 def test_each_pruner_can_be_chosen_from_the_command_line(name):
     import optuna

@@ -12,9 +12,10 @@ from accel.config import Config, ConfigError
 from accel.console import note, progress, quiet_libraries
 from accel.tracking import retry_locked, tracker_for
 from accel.tracking.store import browse_hint
-from accel.tune import pareto
+from accel.tune import pareto, warm
 from accel.tune import tracking as st
 from accel.tune.nodes import NodeLease, live_nodes
+from accel.tune.space import check_search
 from accel.tune.storage import default_storage, is_journal, open_storage
 from accel.tune.study import (
     ATTR_DEFINITION,
@@ -38,7 +39,10 @@ def cli_tune(args, cfg: Config) -> int:
     if args.timeout is not None and not args.timeout > 0:
         raise ConfigError(f"--timeout {args.timeout}: must be > 0 seconds")
     quiet_libraries(study=True)
-    study, job = prepare(cfg, args.study or cfg.name, args.storage, args.tracking_uri)
+    warm_start = _check_warm_start(cfg, args)  # bad run ids and studies: before anything
+    study, job = prepare(cfg, args.study or cfg.name, args.storage, args.tracking_uri,
+                         queued=warm_start[0])
+    _warm_start(study, job, warm_start)
     job.workers = args.workers
     job.deadline = time.time() + args.timeout if args.timeout else None
     tracker = tracker_for(job.tracking_uri)
@@ -63,6 +67,39 @@ def cli_tune(args, cfg: Config) -> int:
     elif code == 0 and n_trials and not _any_complete(study, job.invocation):
         code = 1  # every trial of this invocation failed: say so to scripts
     return code
+
+
+def _check_warm_start(cfg: Config, args) -> tuple[list, list]:
+    if args.from_storage and not args.from_study:
+        raise ConfigError("--from-storage needs --from-study NAME")
+    if not (args.enqueue or args.from_study):
+        return [], []
+    dims = check_search(cfg)
+    queued = warm.run_values(cfg, dims, tracker_for(resolve_uri(args.tracking_uri
+                                                                or cfg.tracking.uri)),
+                             args.enqueue)
+    copied = []
+    if args.from_study:
+        storage = args.from_storage or args.storage or default_storage()
+        copied = warm.trials_of(cfg, dims, args.from_study, open_storage(storage))
+    return queued, copied
+
+
+def _warm_start(study, job: TuneJob, warm_start: tuple[list, list]) -> None:
+    """Queue the runs' values, add the other study's trials; say so, and tag the parent run."""
+    queued, copied = warm_start
+    lines = [f"queued the values of run {run_id}: {params}" for run_id, params in queued]
+    if copied:
+        added = warm.add_trials(study, copied)
+        origin = copied[0].user_attrs[warm.ATTR_COPIED].split("#")[0]
+        lines.append(f"copied {added} finished trial(s) of study {origin} "
+                     f"({len(copied) - added} already here)")
+    for line in lines:
+        note(line)
+    if lines:
+        tracker = tracker_for(job.tracking_uri)
+        retry_locked(tracker.set_tags, job.parent_run_id,
+                     {"accel.warm_start": "; ".join(lines)[:st.MAX_TAG_CHARS]})
 
 
 def _run_node(study, job: TuneJob, tracker, n_trials: int) -> tuple[str, int]:

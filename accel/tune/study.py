@@ -19,6 +19,7 @@ from accel.config import Config, ConfigError, objectives
 from accel.tracking import Tracker
 from accel.tracking.store import check_reachable
 from accel.tune import tracking as st
+from accel.tune import warm
 from accel.tune.space import Dim, check_same_study, check_search, definition, get_key
 from accel.tune.storage import RetryStaleTrial, default_storage, open_storage
 from accel.uris import redact, resolve_uri
@@ -130,15 +131,17 @@ def _wait_for_definition(study, timeout_s: float = SETUP_WAIT_S) -> dict | None:
 
 
 def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
-            tracking_uri: str | None = None):
+            tracking_uri: str | None = None, queued: list[tuple] = ()):
     """Study and parent run, made once before any worker (or any other node) runs a trial.
 
     Bad input fails first and cheaply (space, model name, storage URL, MLflow store, conflicting
     study). The process that creates the study makes the parent run, queues the baseline trial
-    and writes the definition, in that order, so other nodes find all three. Returns (optuna
-    study, TuneJob)."""
+    and writes the definition, in that order, so other nodes find all three. `queued` (run id,
+    values) pairs (`--enqueue`) become the next trials, in a new study before the file's
+    `search.enqueue` and its baseline. Returns (optuna study, TuneJob)."""
     check_study_name(study_name)
     dims = check_search(cfg)
+    warm.check_file_enqueue(cfg, dims)
     _check_model_names(cfg, dims)
     cfg = copy.deepcopy(cfg)
     if tracking_uri:
@@ -155,7 +158,11 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
                                 open_storage(storage_url, on_stale=RetryStaleTrial(uri)))
     parent = st.ensure_parent_run(Tracker(uri), study, cfg, storage_url)
     if created:
+        warm.enqueue_runs(study, queued)  # what the user asked for first, the file's next
+        warm.enqueue_file_entries(study, cfg, dims)
         enqueue_baseline(study, cfg, dims)
+    else:
+        warm.enqueue_runs(study, queued)
         study.set_user_attr(ATTR_DEFINITION, definition(cfg, dims))
     if redact(uri) == uri:  # `accel best` finds the runs there; a password is never stored
         study.set_user_attr(ATTR_TRACKING, uri)
