@@ -21,7 +21,7 @@ from accel.errors import ConfigError, NonFiniteLoss
 from accel.train import train
 from tests.conftest import ROOT, SHARED_DATA, TINY_OVERRIDES, run_cli
 
-PAPER = sorted((ROOT / "experiments" / "paper").glob("*.yaml"))
+PAPER = sorted((ROOT / "experiments" / "paper").glob("cifar*.yaml"))  # the paper's grid
 PAPER_FIVE = {"train.lr", "train.optimizer", "train.weight_decay", "train.clip_grad_norm",
               "train.accumulation_steps"}
 CPU = torch.device("cpu")
@@ -392,6 +392,23 @@ def test_paper_file_header_and_search_space(path: Path):
     assert dims["train.momentum"].when == (("train.optimizer", ("sgd",)),)  # momentum: sgd only
     if "vit" in path.stem:  # 4x4-pixel patches of the 32x32 original: an 8x8 token grid
         assert "patch8" in cfg.model.name and cfg.model.img_size == 64
+
+
+def test_rq2_file_is_a_two_objective_study_over_the_three_families():
+    from accel.tune import check_search
+
+    path = ROOT / "experiments" / "paper" / "rq2_tradeoff.yaml"
+    header = "".join(line for line in path.read_text().splitlines(True) if line.startswith("#"))
+    assert "accel tune experiments/paper/rq2_tradeoff.yaml" in header and "--pick" in header
+    cfg = config.load(path)
+    assert config.objectives(cfg.search) == [("val_accuracy", "maximize"),
+                                             ("train_time_s", "minimize")]
+    dims = {dim.key: dim for dim in check_search(cfg)}
+    assert PAPER_FIVE | {"model.name", "model.img_size", "train.momentum"} == set(dims)
+    names = dims["model.name"].choices
+    assert all(any(n.startswith(f) for n in names) for f in ("resnet", "vit", "efficientnet"))
+    vits = {n for n in names if n.startswith("vit")}
+    assert dims["model.img_size"].when == (("model.name", tuple(sorted(vits, key=names.index))),)
 
 
 @pytest.fixture(scope="module")

@@ -226,6 +226,22 @@ def test_a_two_objective_study_keeps_its_pareto_front(tmp_path, capsys):
     assert "not an objective" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("objectives,words", [
+    ([{"metric": "val_accuracy", "direction": "maximize"}], "list two or more"),
+    ([{"metric": "val_acc", "direction": "maximize"}, TWO_OBJECTIVES[1]],
+     "search.objectives[0].metric='val_acc' is not one of: val_accuracy"),
+    ([TWO_OBJECTIVES[0], {"metric": "train_time_s", "direction": "down"}],
+     "search.objectives[1].direction='down' is not one of: maximize, minimize"),
+    ([TWO_OBJECTIVES[0], TWO_OBJECTIVES[0]], "a metric is listed twice"),
+    ([TWO_OBJECTIVES[0], "train_time_s"], "expected {metric: ..., direction: ...}"),
+])
+def test_bad_objectives_are_refused_with_one_line(objectives, words):
+    with pytest.raises(config.ConfigError) as e:
+        config.from_dict({**TINY, "search": {"objectives": objectives, "pruner": "none",
+                                             "space": SPACE}})
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
 def test_pruning_with_two_objectives_is_refused(tmp_path):
     exp = experiment(tmp_path, "mo", objectives=TWO_OBJECTIVES)  # the default pruner: median
     proc = run_cli("tune", str(exp), "--storage", str(tmp_path / "optuna.journal"),
