@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from accel.config_types import coerce
 from accel.errors import ConfigError
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
@@ -74,6 +74,9 @@ class TrainConfig:
     compile: bool = False
     deterministic: bool = False
     epoch_length: int | None = None  # micro-batches per epoch; None = the whole training set
+    # {metric, value}: log time_to_target_s and epochs_to_target at the first epoch reaching it
+    target: dict[str, Any] = field(default_factory=dict)
+    stop_at_target: bool = False  # end the run (FINISHED) at that epoch
 
     @property
     def effective_batch_size(self) -> int:
@@ -143,72 +146,6 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
-
-
-def _base_type(tp: Any) -> tuple[Any, bool]:
-    """`int | None` -> (int, True); `float` -> (float, False)."""
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0], True
-    return tp, False
-
-
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-
-
-def coerce(key: str, value: Any, tp: Any) -> Any:
-    """Cast `value` (from YAML, an override string or an MLflow param) to the field type."""
-    base, optional = _base_type(tp)
-    text = value.strip().lower() if isinstance(value, str) else None
-    # "none" is null only where null is allowed: `search.pruner=none` is the string.
-    if value is None or text in {"null", "~"} or (optional and text == "none"):
-        if optional:
-            return None
-        raise ConfigError(f"{key}=None: a value is required ({_type_name(base)})")
-    try:
-        if base is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in _TRUE:
-                return True
-            if text in _FALSE:
-                return False
-            raise ValueError
-        if base is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value) if not isinstance(value, str) else int(value.strip())
-        if base is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if base is str:
-            if isinstance(value, dict | list):
-                raise ValueError
-            return str(value)
-        if typing.get_origin(base) in (dict, list) or base in (dict, list):
-            kind = typing.get_origin(base) or base
-            parsed = yaml.safe_load(value) if isinstance(value, str) else value
-            if not isinstance(parsed, kind):
-                raise ValueError
-            return parsed
-    except (TypeError, ValueError, yaml.YAMLError):
-        raise ConfigError(
-            f"{key}={value!r}: expected {_type_name(base)}{' or null' if optional else ''}"
-        ) from None
-    return value
-
-
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is dict or tp is dict:
-        return "a mapping"
-    if typing.get_origin(tp) is list or tp is list:
-        return "a list"
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
-        tp, str(tp)
-    )
 
 
 def _keys(cls: type, prefix: str = "") -> list[str]:
@@ -316,8 +253,8 @@ def follow_the_data(cfg: Config, dataset_before: str, keys: set[str], path) -> N
     if cfg.model.img_size is None or "model.img_size" in keys:
         return
     note_later(f"model.img_size={cfg.model.img_size} from {path} was set for data.dataset="
-         f"{dataset_before}; the new data's own image size is used (set model.img_size=N to "
-         f"choose one)")
+               f"{dataset_before}; the new data's own image size is used (set model.img_size=N "
+               "to choose one)")
     cfg.model.img_size = None
 
 
@@ -389,3 +326,18 @@ def validate(cfg: Config) -> None:
     ):
         _choice(key, value, choices)
     _check_objectives(s)
+    _check_target(t)
+
+
+def _check_target(t: TrainConfig) -> None:
+    if t.stop_at_target and not t.target:
+        raise ConfigError("train.stop_at_target=true needs train.target: {metric: ..., value: ...}")
+    if not t.target:
+        return
+    if set(t.target) != {"metric", "value"}:
+        raise ConfigError(f"train.target={t.target!r}: expected {{metric: val_accuracy, "
+                          "value: 0.9}")
+    _choice("train.target.metric", t.target["metric"], METRICS)
+    value = t.target["value"]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"train.target.value={value!r}: expected a number")

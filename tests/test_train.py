@@ -332,3 +332,44 @@ def test_a_config_file_for_the_data_keeps_its_image_size(tmp_path):
     assert config.load(path, ["train.lr=0.1"]).model.img_size == 24
     assert config.load(path, ["data.root=/y"]).model.img_size is None
     assert config.load(path, ["data.root=/y", "model.img_size=20"]).model.img_size == 20
+
+
+def test_time_to_target_is_logged_and_stop_at_target_ends_the_run(store):
+    """The first epoch reaching train.target logs time_to_target_s (training seconds up to and
+    including it, evaluation excluded) and epochs_to_target; stop_at_target ends the run there,
+    FINISHED."""
+    quick = ["data.dataset=digits", "model.name=accel_cnn_s", "model.img_size=8",
+             "train.epochs=8", "train.device=cpu", "train.amp=off", "data.num_workers=0",
+             "tracking.system_metrics=false", "train.target={metric: val_accuracy, value: 0.9}"]
+    for stop, experiment in (("false", "goes-on"), ("true", "stops")):
+        proc = run_cli("train", *quick, f"train.stop_at_target={stop}", "--tracking-uri", store,
+                       "--experiment", experiment)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    client = mlflow.MlflowClient(tracking_uri=store)
+    curves = {}
+    for experiment in ("goes-on", "stops"):
+        [run] = runs_in(store, experiment)
+        assert run.info.status == "FINISHED"
+        curves[experiment] = {key: [m.value for m in sorted(
+            client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+            for key in ("val_accuracy", "epoch_time_s", "time_to_target_s", "epochs_to_target")}
+    full = curves["goes-on"]
+    first = next(i for i, acc in enumerate(full["val_accuracy"]) if acc >= 0.9) + 1
+    assert 1 < first < 8  # the target is reached, and not at once
+    assert full["epochs_to_target"] == [first] and len(full["val_accuracy"]) == 8
+    assert full["time_to_target_s"] == [pytest.approx(sum(full["epoch_time_s"][:first]))]
+    stopped = curves["stops"]
+    assert len(stopped["val_accuracy"]) == first and stopped["epochs_to_target"] == [first]
+    assert stopped["val_accuracy"] == full["val_accuracy"][:first]  # the same run, cut short
+
+
+def test_bad_targets_are_refused():
+    for overrides, words in (
+        (["train.stop_at_target=true"], "needs train.target"),
+        (["train.target={metric: val_acc, value: 0.9}"], "train.target.metric='val_acc'"),
+        (["train.target={metric: val_accuracy, value: high}"], "train.target.value='high'"),
+        (["train.target={metric: val_accuracy}"], "expected {metric: val_accuracy, value: 0.9}"),
+    ):
+        with pytest.raises(config.ConfigError) as e:
+            config.load(None, overrides)
+        assert words in str(e.value)

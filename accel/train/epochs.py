@@ -62,11 +62,32 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         # logged exactly once.
         run.last_state(parts)
         run.metrics(row, step=trainer.state.epoch)
+        hit = time_to_target(cfg.train.target, parts.history)
+        if hit is not None and hit[1] == len(parts.history):  # reached at this very epoch
+            run.metrics({"time_to_target_s": hit[0], "epochs_to_target": hit[1]},
+                        step=trainer.state.epoch)
+            if cfg.train.stop_at_target:
+                trainer.terminate()  # the run ends FINISHED after this epoch
+                return
         if verbose:
             print(f"epoch {trainer.state.epoch}/{cfg.train.epochs} "
                   + " ".join(f"{k}={v:.4g}" for k, v in row.items()), file=sys.stderr)
         if pruning is not None:
             pruning(parts.evaluator)  # reports this epoch's metric; raises optuna.TrialPruned
+
+
+def time_to_target(target: dict, history: list[dict[str, float]]) -> tuple[float, int] | None:
+    """(training seconds, evaluation excluded, until the first epoch that reaches `target`;
+    that epoch), or None. val_loss is reached from above, the other metrics from below."""
+    if not target:
+        return None
+    metric, value = target["metric"], float(target["value"])
+    seconds = 0.0
+    for epoch, row in enumerate(history, 1):
+        seconds += row["epoch_time_s"]
+        if (row[metric] <= value) if metric == "val_loss" else (row[metric] >= value):
+            return seconds, epoch
+    return None
 
 
 def epoch_row(parts: Parts, t0: float) -> dict[str, float]:
