@@ -224,6 +224,12 @@ def test_a_two_objective_study_keeps_its_pareto_front(tmp_path, capsys):
     assert main(["best", "--study", "mo", "--storage", stores.storage,
                  "--tracking-uri", stores.uri, "--pick", "val_loss"]) == 2
     assert "not an objective" in capsys.readouterr().err
+    # The objectives define the study: a rerun with others is refused before any trial.
+    other = experiment(tmp_path, "mo2", pruner="none", objectives=[
+        TWO_OBJECTIVES[0], {"metric": "peak_memory_mb", "direction": "minimize"}])
+    assert stores.tune(other, "mo", "--n-trials", "1") == 2
+    assert "exists with another definition" in capsys.readouterr().err
+    assert len(stores.study("mo").trials) == 6
 
 
 @pytest.mark.parametrize("objectives,words", [

@@ -161,9 +161,9 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
         warm.enqueue_runs(study, queued)  # what the user asked for first, the file's next
         warm.enqueue_file_entries(study, cfg, dims)
         enqueue_baseline(study, cfg, dims)
+        study.set_user_attr(ATTR_DEFINITION, definition(cfg, dims))  # last: the study is set up
     else:
         warm.enqueue_runs(study, queued)
-        study.set_user_attr(ATTR_DEFINITION, definition(cfg, dims))
     if redact(uri) == uri:  # `accel best` finds the runs there; a password is never stored
         study.set_user_attr(ATTR_TRACKING, uri)
     job = TuneJob(cfg=cfg, dims=dims, study=study_name, storage=storage_url, tracking_uri=uri,
