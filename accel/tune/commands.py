@@ -91,7 +91,7 @@ def _warm_start(study, job: TuneJob, warm_start: tuple[list, list]) -> None:
     lines = [f"queued the values of run {run_id}: {params}" for run_id, params in queued]
     if copied:
         added = warm.add_trials(study, copied)
-        origin = copied[0].user_attrs[warm.ATTR_COPIED].split("#")[0]
+        origin = copied[0].user_attrs[st.ATTR_COPIED].split("#")[0]
         lines.append(f"copied {added} finished trial(s) of study {origin} "
                      f"({len(copied) - added} already here)")
     for line in lines:

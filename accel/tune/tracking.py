@@ -27,6 +27,7 @@ PLOT_EVERY_S = 60.0
 ATTR_RUN, ATTR_ERROR = "mlflow_run_id", "accel.error"
 ATTR_INVOCATION, ATTR_HOST, ATTR_PID = "accel.invocation", "accel.host", "accel.pid"
 ATTR_PARENT = "accel.parent_run_id"  # study user attr
+ATTR_COPIED = "accel.copied_from"  # a trial copied from another study (`--from-study`): STUDY#N
 MAX_TAG_CHARS = 500  # of an error kept in a tag or a trial attr
 
 
@@ -180,6 +181,8 @@ def log_front(tracker, study, front: list, run_id: str) -> None:
     on_front = {t.number for t in front}
     for t in study.get_trials(deepcopy=False, states=complete_states()):
         trial_run, tag = run_of(t), str(t.number in on_front).lower()
+        if ATTR_COPIED in t.user_attrs:  # its run belongs to the other study
+            continue
         if trial_run and _pareto_tags.get(trial_run) != tag:
             retry_locked(tracker.set_tags, trial_run, {"accel.pareto": tag})
             _pareto_tags[trial_run] = tag

@@ -19,10 +19,9 @@ from accel.config import Config, ConfigError, objectives, set_key
 from accel.tracking import retry_locked
 from accel.tune import pareto
 from accel.tune.space import Dim, get_key
-from accel.tune.tracking import ATTR_RUN
+from accel.tune.tracking import ATTR_COPIED, ATTR_RUN
 
 ATTR_ENQUEUED = "accel.enqueued_from"  # trial user attr: the run or file entry it came from
-ATTR_COPIED = "accel.copied_from"  # trial user attr: "STUDY#NUMBER"
 
 
 def _inside(dim: Dim, value: Any) -> bool:
