@@ -36,6 +36,8 @@ def _space_from_params(items: dict[str, str]) -> dict[str, Any]:
         name = next((k for k in keys if rest == k or rest.startswith(k + ".")), None)
         path = [name, *rest[len(name) + 1 :].split(".")] if name else rest.split(".")
         path = [p for p in path if p]
+        if len(path) > 2 and path[1] == "when":  # when: is keyed by dotted config keys too
+            path = [*path[:2], ".".join(path[2:])]
         node = space
         for part in path[:-1]:
             node = node.setdefault(part, {})
