@@ -61,22 +61,29 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int 
     )
 
 
-@pytest.fixture(scope="session")
-def tiny_imagefolder(tmp_path_factory) -> Path:
-    """A generated ImageFolder tree (train/ and test/, 10 classes, 32x32 PNGs) for image configs."""
+def make_imagefolder(root: Path, *, side: int, classes: int, per_class: dict[str, int],
+                     gray: bool = False) -> Path:
+    """A generated ImageFolder tree: root/<split>/class<c>/<i>.png of random pixels."""
     import numpy as np
     from PIL import Image
 
-    root = tmp_path_factory.mktemp("imagefolder")
     rng = np.random.default_rng(0)
-    for split, per_class in (("train", 6), ("test", 2)):
-        for c in range(10):
+    shape = (side, side) if gray else (side, side, 3)
+    for split, n in per_class.items():
+        for c in range(classes):
             folder = root / split / f"class{c}"
             folder.mkdir(parents=True)
-            for i in range(per_class):
-                pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-                Image.fromarray(pixels).save(folder / f"{i}.png")
+            for i in range(n):
+                pixels = rng.integers(0, 256, shape, dtype=np.uint8)
+                Image.fromarray(pixels, mode="L" if gray else "RGB").save(folder / f"{i}.png")
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_imagefolder(tmp_path_factory) -> Path:
+    """A generated ImageFolder tree (train/ and test/, 10 classes, 32x32 PNGs) for image configs."""
+    return make_imagefolder(tmp_path_factory.mktemp("imagefolder"), side=32, classes=10,
+                            per_class={"train": 6, "test": 2})
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import yaml
 
 from accel import config
 from accel.train import NonFiniteLoss, train
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, make_imagefolder, run_cli
 
 CURVES = (
     "train_loss",
@@ -282,18 +282,8 @@ def test_system_metrics_are_sampled_while_a_run_trains(tiny_overrides, store, mo
 @pytest.fixture(scope="module")
 def gray_imagefolder(tmp_path_factory) -> Path:
     """An ImageFolder unlike the quickstart's digits: 28x28 grayscale PNGs, 3 classes."""
-    import numpy as np
-    from PIL import Image
-
-    root = tmp_path_factory.mktemp("gray")
-    rng = np.random.default_rng(0)
-    for split, per_class in (("train", 8), ("test", 2)):
-        for c in range(3):
-            (root / split / f"c{c}").mkdir(parents=True)
-            for i in range(per_class):
-                pixels = rng.integers(0, 256, (28, 28), dtype=np.uint8)
-                Image.fromarray(pixels, mode="L").save(root / split / f"c{c}" / f"{i}.png")
-    return root
+    return make_imagefolder(tmp_path_factory.mktemp("gray"), side=28, classes=3,
+                            per_class={"train": 8, "test": 2}, gray=True)
 
 
 @pytest.mark.parametrize("in_memory", ["false", "true"])

@@ -19,7 +19,7 @@ from accel.errors import NonFiniteLoss
 from accel.train.checkpoint import Resume, restore
 from accel.train.epochs import attach_epoch_handlers, find_best_epoch, run_epochs
 from accel.train.parts import Parts, build
-from accel.train.run_log import RunLog, log_results, open_run
+from accel.train.run_log import RunLog, log_results, open_run, run_costs
 
 __all__ = ["NonFiniteLoss", "Result", "Resume", "describe", "find_best_epoch", "train"]
 
@@ -55,14 +55,6 @@ class Result:
         """What the run cost (config.COST_METRICS): total training seconds (evaluation
         excluded), mean images per second, peak memory."""
         return run_costs(self.history)
-
-
-def run_costs(history: list[dict[str, float]]) -> dict[str, float]:
-    if not history:
-        return {}
-    return {"train_time_s": sum(row["epoch_time_s"] for row in history),
-            "train_throughput": sum(row["train_throughput"] for row in history) / len(history),
-            "peak_memory_mb": max(row["peak_memory_mb"] for row in history)}
 
 
 def train(

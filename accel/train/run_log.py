@@ -214,7 +214,7 @@ def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -
     metric = parts.cfg.search.metric
     summary = {k: v for k, v in final.items() if k.startswith("test_")}
     summary.update({"best_epoch": best, f"best_{metric}": parts.history[best - 1][metric],
-                    "train_time_s": sum(row["epoch_time_s"] for row in parts.history)})
+                    "train_time_s": run_costs(parts.history)["train_time_s"]})
     run.metrics(summary, step=parts.trainer.state.epoch)
     if "confusion_matrix" not in parts.evaluator.state.metrics:  # resumed with no epoch left
         parts.evaluator.run(parts.data.val)
@@ -222,6 +222,16 @@ def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -
     log_confusion_matrix(run.tracker, run.run_id, matrix, parts.data.classes)
     if parts.cfg.tracking.log_model:
         run.log_model(parts)
+
+
+def run_costs(history: list[dict[str, float]]) -> dict[str, float]:
+    """What a run cost (config.COST_METRICS): total training seconds (evaluation excluded),
+    mean images per second, peak memory."""
+    if not history:
+        return {}
+    return {"train_time_s": sum(row["epoch_time_s"] for row in history),
+            "train_throughput": sum(row["train_throughput"] for row in history) / len(history),
+            "peak_memory_mb": max(row["peak_memory_mb"] for row in history)}
 
 
 def log_confusion_matrix(tracker, run_id: str, matrix: torch.Tensor, classes: list[str]) -> None:
