@@ -20,8 +20,9 @@ from accel.errors import ConfigError
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
 AMP_MODES = ("off", "auto", "bf16", "fp16")
-OPTIMIZERS = ("adam", "adamw", "sgd")
-SCHEDULERS = ("cosine", "constant")
+OPTIMIZERS = ("adam", "adamw", "sgd", "nesterov")
+SCHEDULERS = ("cosine", "linear", "constant")
+TTA_MODES = ("none", "flip")
 DEVICES = ("auto", "cpu", "cuda")
 METRICS = ("val_accuracy", "val_loss", "val_f1")  # what the evaluator reports after every epoch
 # A run's costs, for multi-objective studies: total training seconds (evaluation excluded),
@@ -43,6 +44,9 @@ class DataConfig:
     num_workers: int = 0
     pin_memory: bool = True  # page-locked batches + non_blocking copies; only with an accelerator
     in_memory: bool = False  # decode an image dataset once and keep it as one uint8 tensor
+    # every split as one tensor on the training device, shuffled, cropped, flipped and normalised
+    # there per batch (accel.resident); no loader workers: num_workers and pin_memory go unused
+    on_device: bool = False
     augment: bool = True  # random crop + flip on image datasets (not digits)
     train_limit: int | None = None  # use only the first N training images (quick experiments)
 
@@ -63,7 +67,7 @@ class TrainConfig:
     optimizer: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.05  # not applied to norms and biases
-    momentum: float = 0.9  # sgd only
+    momentum: float = 0.9  # sgd and nesterov only
     clip_grad_norm: float | None = None  # max global L2 norm of the gradients; None = off
     scheduler: str = "cosine"
     warmup_epochs: float = 0.0
@@ -81,6 +85,13 @@ class TrainConfig:
     @property
     def effective_batch_size(self) -> int:
         return self.batch_size * self.accumulation_steps
+
+
+@dataclass
+class EvalConfig:
+    # test-time augmentation of every evaluation (val and test): flip = the mean of the logits of
+    # each image and its mirror image
+    tta: str = "none"
 
 
 @dataclass
@@ -112,6 +123,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
@@ -323,6 +335,7 @@ def validate(cfg: Config) -> None:
         ("train.scheduler", t.scheduler, SCHEDULERS), ("train.device", t.device, DEVICES),
         ("search.metric", s.metric, METRICS), ("search.direction", s.direction, DIRECTIONS),
         ("search.sampler", s.sampler, SAMPLERS), ("search.pruner", s.pruner, PRUNERS),
+        ("eval.tta", cfg.eval.tta, TTA_MODES),
     ):
         _choice(key, value, choices)
     _check_objectives(s)

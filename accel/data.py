@@ -70,10 +70,14 @@ def _transforms(train: bool, size: int, native: int, mean, std, augment: bool):
 
 
 class TensorImages(Dataset):
-    """Decoded uint8 images held in memory ([N, C, H, W]) with a per-sample transform."""
+    """Decoded uint8 images held in memory ([N, C, H, W]) with a per-sample transform. The
+    transform's parts are kept too (side, normalisation, crop padding: 0 = no augmentation), for
+    `accel.resident`, which applies them a batch at a time on the device."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform):
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform, *, size: int,
+                 mean, std, pad: int):
         self.images, self.labels, self.transform = images, labels, transform
+        self.size, self.mean, self.std, self.pad = size, mean, std, pad
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -162,9 +166,10 @@ def _image_splits(cfg: Config, size_default: int):
 
     def build(split: str, train: bool):
         tf = _transforms(train, size, native, mean, std, d.augment)
-        if d.in_memory:
+        if d.in_memory or d.on_device:
             images, labels = _decode_all(kind, root, split, mode)
-            return TensorImages(images, labels, tf)
+            pad = size // 8 if train and d.augment else 0
+            return TensorImages(images, labels, tf, size=size, mean=mean, std=std, pad=pad)
         return _raw_dataset(kind, root, split, transform=tf, mode=mode)
 
     if has_val:
@@ -245,6 +250,8 @@ def build_data(cfg: Config, device: torch.device) -> Data:
         raise DataError(f"data.root={cfg.data.root!r}: the training split is empty")
 
     d, t = cfg.data, cfg.train
+    if d.on_device:
+        return _resident(cfg, device, train_ds, val_ds, test_ds, classes, in_chans, size)
     common = dict(
         num_workers=d.num_workers,
         # Page-locked host memory lets `.to(device, non_blocking=True)` overlap the copy with
@@ -275,4 +282,20 @@ def build_data(cfg: Config, device: torch.device) -> Data:
         in_chans=in_chans,
         img_size=size,
         classes=classes,
+    )
+
+
+def _resident(cfg: Config, device: torch.device, train_ds, val_ds, test_ds, classes, in_chans,
+              size) -> Data:
+    """`data.on_device=true`: every split one tensor on `device` (accel.resident)."""
+    from accel.resident import resident_loader
+
+    batch, seed = cfg.train.batch_size, cfg.train.seed
+    evaluation = max(batch, 256)
+    return Data(
+        train=resident_loader(train_ds, device, batch_size=batch, train=True, seed=seed),
+        val=resident_loader(val_ds, device, batch_size=evaluation, train=False),
+        test=(resident_loader(test_ds, device, batch_size=evaluation, train=False)
+              if test_ds is not None else None),
+        num_classes=len(classes), in_chans=in_chans, img_size=size, classes=classes,
     )

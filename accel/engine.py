@@ -18,8 +18,9 @@ from ignite.engine import Engine, Events
 
 from accel.config import TrainConfig
 
-OPTIMIZER_NAMES = {"adam": "adam", "adamw": "adamw", "sgd": "momentum"}  # ours -> timm's
-# timm's "sgd" is Nesterov SGD; "momentum" is classical heavy-ball SGD, the usual "SGD" of papers.
+OPTIMIZER_NAMES = {"adam": "adam", "adamw": "adamw", "sgd": "momentum", "nesterov": "sgd"}
+# ours -> timm's: timm's "sgd" is Nesterov SGD; "momentum" is classical heavy-ball SGD, the usual
+# "SGD" of papers.
 
 
 def resolve_device(name: str) -> torch.device:
@@ -50,19 +51,22 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optim
     """timm's factory: no weight decay on norm layers and biases (filter_bias_and_bn)."""
     from timm.optim import create_optimizer_v2
 
-    kwargs = {"momentum": t.momentum} if t.optimizer == "sgd" else {}
+    kwargs = {"momentum": t.momentum} if t.optimizer in ("sgd", "nesterov") else {}
     return create_optimizer_v2(
         model, opt=OPTIMIZER_NAMES[t.optimizer], lr=t.lr, weight_decay=t.weight_decay, **kwargs
     )
 
 
 def lr_multiplier(update: int, *, total: int, warmup: int, kind: str) -> float:
-    """Linear warm-up over `warmup` updates, then constant or cosine to zero at `total` updates."""
+    """Linear warm-up over `warmup` updates, then constant, or cosine or linear decay to zero at
+    `total` updates."""
     if update < warmup:
         return (update + 1) / warmup
     if kind == "constant":
         return 1.0
     progress = min(1.0, (update - warmup) / max(1, total - warmup))
+    if kind == "linear":
+        return 1.0 - progress
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -277,8 +281,10 @@ def create_evaluator(
     amp_dtype: torch.dtype | None = None,
     channels_last: bool = False,
     non_blocking: bool = False,
+    tta: str = "none",
 ) -> Engine:
-    """Accuracy, macro F1, cross-entropy loss and the confusion matrix over a loader."""
+    """Accuracy, macro F1, cross-entropy loss and the confusion matrix over a loader. `tta="flip"`
+    scores each image by the mean of its logits and its mirror image's."""
     from ignite.metrics import Accuracy, ConfusionMatrix, Fbeta, Loss
 
     @torch.inference_mode()
@@ -286,8 +292,10 @@ def create_evaluator(
         model.eval()
         x, y = move_batch(batch, device, non_blocking, channels_last)
         with autocast(device, amp_dtype):
-            logits = model(x)
-        return logits.float(), y
+            logits = model(x).float()
+            if tta == "flip":
+                logits = (logits + model(x.flip(-1)).float()) / 2
+        return logits, y
 
     evaluator = Engine(eval_step)
     Accuracy(device=device).attach(evaluator, "accuracy")

@@ -91,7 +91,8 @@ def evaluate(model, cfg: Config) -> Evaluation:
     if outputs != data.num_classes:
         raise ConfigError(f"the model predicts {outputs} classes, {cfg.data.dataset} "
                           f"({cfg.data.root}) has {data.num_classes}: wrong data for this model")
-    evaluator = create_evaluator(_Evaluable(model), data.num_classes, torch.device("cpu"))
+    evaluator = create_evaluator(_Evaluable(model), data.num_classes, torch.device("cpu"),
+                                 tta=cfg.eval.tta)  # scored as the run scored it
     m = evaluator.run(loader).metrics
     matrix = m["confusion_matrix"]
     per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()

@@ -16,7 +16,9 @@ BAD_INPUTS = {
     "lr <= 0": (["train.lr=0"], ["train.lr", "> 0"]),
     "accumulation < 1": (["train.accumulation_steps=0"], ["train.accumulation_steps", ">= 1"]),
     "batch size < 1": (["train.batch_size=0"], ["train.batch_size", ">= 1"]),
-    "unknown optimizer": (["train.optimizer=adagrad"], ["adagrad", "adam, adamw, sgd"]),
+    "unknown optimizer": (["train.optimizer=adagrad"], ["adagrad", "adam, adamw, sgd, nesterov"]),
+    "unknown tta": (["eval.tta=crops"], ["eval.tta", "crops", "none, flip"]),
+    "unknown scheduler": (["train.scheduler=step"], ["step", "cosine, linear, constant"]),
     "unknown model": (["model.name=resnet5O"], ["resnet5O", "did you mean", "resnet50"]),
     "missing data dir": (
         ["data.dataset=imagefolder", "data.root=/nonexistent/cifar"],

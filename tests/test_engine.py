@@ -140,6 +140,37 @@ def test_lr_multiplier_shape():
     assert E.lr_multiplier(7, total=10, warmup=2, kind="constant") == 1.0
 
 
+def test_linear_schedule_decays_to_zero_after_the_warm_up():
+    f = lambda u: E.lr_multiplier(u, total=10, warmup=2, kind="linear")  # noqa: E731
+    assert [f(0), f(1), f(2)] == [0.5, 1.0, 1.0]
+    assert [f(6), f(8), f(10)] == pytest.approx([0.5, 0.25, 0.0])
+
+
+def test_nesterov_is_sgd_with_nesterov_momentum_and_sgd_is_heavy_ball():
+    model = nn.Linear(3, 2)
+    nesterov = E.build_optimizer(model, TrainConfig(optimizer="nesterov", lr=0.1, momentum=0.8))
+    plain = E.build_optimizer(model, TrainConfig(optimizer="sgd", lr=0.1, momentum=0.8))
+    assert isinstance(nesterov, torch.optim.SGD) and isinstance(plain, torch.optim.SGD)
+    assert [g["nesterov"] for g in nesterov.param_groups] == [True] * len(nesterov.param_groups)
+    assert not any(g["nesterov"] for g in plain.param_groups)
+    assert {g["momentum"] for g in nesterov.param_groups} == {0.8}
+
+
+def test_flip_tta_scores_the_mean_of_the_image_and_its_mirror_logits():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(2 * 4 * 4, 3))  # not mirror-symmetric
+    x, y = torch.randn(8, 2, 4, 4), torch.randint(0, 3, (8,))
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        mean = (model(x) + model(x.flip(-1))) / 2
+    plain = E.create_evaluator(model, 3, cpu).run([(x, y)]).metrics
+    flip = E.create_evaluator(model, 3, cpu, tta="flip").run([(x, y)]).metrics
+    assert flip["loss"] == pytest.approx(nn.functional.cross_entropy(mean, y).item(), rel=1e-6)
+    assert plain["loss"] == pytest.approx(nn.functional.cross_entropy(model(x), y).item(),
+                                          rel=1e-6)
+    assert flip["loss"] != pytest.approx(plain["loss"])
+
+
 def test_fp16_order_unscale_clip_step_update_zero_grad_schedule(monkeypatch):
     """unscale_ once per update, before the clip; the clip sees unscaled gradients."""
     model = mlp()

@@ -68,7 +68,8 @@ def build(cfg: Config) -> Parts:
         non_blocking=non_blocking,
     )
     evaluator = engine.create_evaluator(model, data.num_classes, device, amp_dtype=amp_dtype,
-                                        channels_last=t.channels_last, non_blocking=non_blocking)
+                                        channels_last=t.channels_last, non_blocking=non_blocking,
+                                        tta=cfg.eval.tta)
     return Parts(cfg, device, data, bare, step, engine.create_trainer(step), evaluator,
                  amp_dtype, epoch_length, Batches(data.train))
 

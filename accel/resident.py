@@ -1,0 +1,114 @@
+"""Device-resident data (`data.on_device=true`): each split held as one tensor on the training
+device, shuffled, cropped, flipped and normalised there a batch at a time.
+
+The fastest known CIFAR-10 trainings on a GPU never leave it: no DataLoader workers, no per-image
+Python, no host-to-device copies. Each pass draws its whole shuffle and every image's crop offsets
+and flip from one seeded CPU generator (so a checkpoint's generator state replays the pass
+exactly, as `accel.train.checkpoint.Batches` expects), then each batch is one gather: the
+augmentation is torchvision's `RandomCrop(size, padding=size // 8)` (zero padding) followed by
+`RandomHorizontalFlip()`, the same as the DataLoader path. On a CPU the split lives in memory and
+only the per-batch, vectorised augmentation differs from `data.in_memory=true`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Subset, TensorDataset
+
+
+class ResidentLoader:
+    """Batches of a split that lives on `device`. Images are uint8 [N, C, H, W] (normalised per
+    batch with `mean`/`std` in [0, 1] units) or float tensors already normalised (`mean=None`).
+
+    `pad > 0` augments: a random crop of the zero-padded image and a random horizontal flip."""
+
+    pin_memory = False  # nothing to copy: the batches are made where the model is
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, dataset, batch_size: int,
+                 device: torch.device, mean=None, std=None, pad: int = 0, shuffle: bool = False,
+                 drop_last: bool = False, generator: torch.Generator | None = None):
+        self.images, self.labels = images.to(device), labels.to(device)
+        self.dataset = dataset  # the source (lineage digests read it as for a DataLoader)
+        self.batch_size, self.device, self.pad = batch_size, device, pad
+        self.shuffle, self.drop_last, self.generator = shuffle, drop_last, generator
+        self.shift = self.scale = None
+        if mean is not None:  # (x / 255 - mean) / std == (x - 255 mean) / (255 std)
+            shape = (1, -1, 1, 1)
+            self.shift = (torch.tensor(mean, device=device) * 255).view(shape)
+            self.scale = (torch.tensor(std, device=device) * 255).view(shape)
+
+    def __len__(self) -> int:
+        n, b = len(self.labels), self.batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    def draws(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One pass's randomness, all drawn up front: order, crop offsets [N, 2], flips [N]."""
+        n, g = len(self.labels), self.generator
+        order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
+        if not self.pad:
+            return order, None, None
+        offsets = torch.randint(0, 2 * self.pad + 1, (n, 2), generator=g)
+        flips = torch.rand(n, generator=g) < 0.5
+        return order, offsets, flips
+
+    def __iter__(self):
+        order, offsets, flips = (t.to(self.device) if t is not None else None
+                                 for t in self.draws())
+        for i in range(len(self)):
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            x = self.images[idx]
+            if offsets is not None:
+                x = crop_flip(x, self.pad, offsets[idx], flips[idx])
+            if self.shift is not None:
+                x = (x.float() - self.shift) / self.scale
+            yield x, self.labels[idx]
+
+
+def crop_flip(x: torch.Tensor, pad: int, offsets: torch.Tensor,
+              flips: torch.Tensor) -> torch.Tensor:
+    """Each image's own crop of its zero-padded copy, mirrored where `flips` says: one gather.
+    `offsets[i] = (top, left)` in the padded image, each in [0, 2 * pad]."""
+    b, c, h, w = x.shape
+    padded = F.pad(x, (pad, pad, pad, pad))
+    rows = offsets[:, :1] + torch.arange(h, device=x.device)  # [B, h]
+    cols = offsets[:, 1:] + torch.arange(w, device=x.device)  # [B, w]
+    cols = torch.where(flips[:, None], cols.flip(1), cols)  # crop, then mirror: columns reversed
+    batch = torch.arange(b, device=x.device)[:, None, None, None]
+    chans = torch.arange(c, device=x.device)[None, :, None, None]
+    return padded[batch, chans, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+def tensors_of(ds) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(images, labels, how to normalise and augment) of an in-memory split: an
+    `accel.data.TensorImages` or a digits `TensorDataset`, possibly inside a `Subset`."""
+    indices = None
+    if isinstance(ds, Subset):
+        indices, ds = torch.as_tensor(ds.indices, dtype=torch.long), ds.dataset
+    if isinstance(ds, TensorDataset):
+        images, labels = ds.tensors
+        spec = {}
+    else:  # accel.data.TensorImages: uint8, with its normalisation and augmentation
+        images, labels = ds.images, ds.labels
+        spec = {"mean": ds.mean, "std": ds.std, "pad": ds.pad, "size": ds.size}
+    if indices is not None:
+        images, labels = images[indices], labels[indices]
+    return images, labels, spec
+
+
+def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
+                    seed: int = 0) -> ResidentLoader:
+    """A split of `accel.data` as a `ResidentLoader`; training: shuffled, augmented, seeded."""
+    images, labels, spec = tensors_of(ds)
+    pad, size = spec.pop("pad", 0), spec.pop("size", None)
+    pad = pad if train else 0  # evaluation: no augmentation
+    images = images.to(device)
+    if size is not None and images.shape[-1] != size:  # resized once, as uint8, on the device
+        from torchvision.transforms.v2 import functional as TF
+
+        images = TF.resize(images, [size, size], antialias=True)
+    return ResidentLoader(
+        images, labels, dataset=ds, batch_size=batch_size, device=device, pad=pad,
+        shuffle=train, drop_last=train and len(labels) > batch_size,
+        generator=torch.Generator().manual_seed(seed) if train else None, **spec,
+    )

@@ -1,0 +1,140 @@
+"""Device-resident data (`data.on_device=true`, accel.resident): the same images and labels as
+the DataLoader path, torchvision's crop-with-padding and flip, deterministic under the seed, and
+resumable mid-pass. Run on CPU; on a GPU the same code runs with `device=cuda`."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from torchvision.transforms.v2 import functional as TF
+
+from accel import config
+from accel.data import build_data
+from accel.resident import ResidentLoader, crop_flip
+from accel.train.checkpoint import Batches
+from tests.conftest import make_imagefolder
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """16 px RGB PNGs, 3 classes x 12 train, 2 test each."""
+    return make_imagefolder(tmp_path_factory.mktemp("resident"), side=16, classes=3,
+                            per_class={"train": 12, "test": 2})
+
+
+def image_cfg(folder, *more: str):
+    return config.load(None, ["data.dataset=imagefolder", f"data.root={folder}",
+                              "data.val_fraction=0.25", "train.batch_size=9",
+                              "train.device=cpu", *more])
+
+
+def as_uint8(x: torch.Tensor, mean, std) -> torch.Tensor:
+    """Undo the normalisation: the pixels the batch was made of."""
+    m, s = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
+    return (x * s * 255 + m * 255).round().to(torch.uint8)
+
+
+def one_pass(loader) -> Counter:
+    """(pixels, label) of every image one pass over `loader` hands out, as a multiset."""
+    from accel.data import IMAGENET_MEAN, IMAGENET_STD
+
+    out = Counter()
+    for x, y in loader:
+        for img, label in zip(as_uint8(x, IMAGENET_MEAN, IMAGENET_STD), y, strict=True):
+            out[(img.numpy().tobytes(), int(label))] += 1
+    return out
+
+
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+def test_a_pass_holds_the_same_images_and_labels_as_the_dataloader(folder, split):
+    loaders = build_data(image_cfg(folder, "data.augment=false", "data.in_memory=true"), CPU)
+    resident = build_data(image_cfg(folder, "data.augment=false", "data.on_device=true"), CPU)
+    want, got = one_pass(getattr(loaders, split)), one_pass(getattr(resident, split))
+    assert isinstance(getattr(resident, split), ResidentLoader)
+    assert got == want
+    expected = {"train": 27, "val": 9, "test": 6}[split]  # 36 train images, 25% held out
+    assert sum(got.values()) == expected  # 27 = 3 full batches of 9: nothing dropped
+
+
+def test_training_batches_are_shuffled_and_seeded(folder):
+    def labels(*more):
+        data = build_data(image_cfg(folder, "data.on_device=true", *more), CPU)
+        return [y.tolist() for _, y in data.train], [x for x, _ in data.train]
+
+    (a, xa), (b, xb) = labels(), labels()
+    (c, _) = labels("train.seed=1")
+    assert a == b and all(torch.equal(u, v) for u, v in zip(xa, xb, strict=True))
+    assert a != c
+    order = torch.cat([torch.tensor(batch) for batch in a])
+    assert order.tolist() != sorted(order.tolist())
+
+
+def candidates(src: torch.Tensor, pad: int) -> dict[bytes, tuple[int, int, bool]]:
+    """Every output torchvision's RandomCrop(padding=pad) + RandomHorizontalFlip can give."""
+    h, w = src.shape[-2:]
+    padded = TF.pad(src, [pad])  # zero fill, as RandomCrop's default
+    out = {}
+    for top in range(2 * pad + 1):
+        for left in range(2 * pad + 1):
+            crop = TF.crop(padded, top, left, h, w)
+            out[crop.numpy().tobytes()] = (top, left, False)
+            out[TF.horizontal_flip(crop).numpy().tobytes()] = (top, left, True)
+    return out
+
+
+def test_augmentation_is_a_padded_crop_then_a_flip_with_every_offset_drawn():
+    pad, n = 2, 400
+    images = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8)
+    loader = ResidentLoader(images, torch.arange(n), dataset=None, batch_size=64, device=CPU,
+                            mean=(0.0,) * 3, std=(1 / 255,) * 3, pad=pad, shuffle=True,
+                            generator=torch.Generator().manual_seed(0))
+    seen = set()
+    for x, y in loader:
+        for img, i in zip(x.round().to(torch.uint8), y, strict=True):
+            options = candidates(images[i], pad)
+            assert img.numpy().tobytes() in options, f"image {int(i)}: not a crop/flip of it"
+            seen.add(options[img.numpy().tobytes()])
+    assert len(seen) >= 45  # of the 5 x 5 x 2 = 50 (offset, flip) draws, over 400 images
+
+
+def test_crop_flip_zero_offsets_no_flip_is_the_padded_corner():
+    x = torch.arange(2 * 1 * 3 * 3, dtype=torch.uint8).view(2, 1, 3, 3)
+    out = crop_flip(x, 1, torch.tensor([[1, 1], [0, 2]]), torch.tensor([False, True]))
+    assert torch.equal(out[0], x[0])  # the centre crop of the padded image is the image
+    # top=0, left=2: one row of zeros on top, the columns shifted left by one, then mirrored
+    shifted = torch.nn.functional.pad(x[1], (1, 1, 1, 1))[:, 0:3, 2:5]
+    assert torch.equal(out[1], shifted.flip(-1))
+
+
+def test_a_resumed_pass_hands_out_the_same_remaining_batches(folder):
+    cfg = image_cfg(folder, "data.on_device=true", "train.batch_size=4")
+
+    def fresh():
+        return Batches(build_data(cfg, CPU).train)
+
+    whole = list(fresh())
+    first = fresh()
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = first.state_dict()
+    resumed = fresh()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == len(whole) - 3
+    for (xa, ya), (xb, yb) in zip(whole[3:], rest, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_digits_on_device_trains():
+    from accel.train import train
+
+    cfg = config.load(None, ["data.dataset=digits", "model.name=accel_cnn_s", "train.epochs=2",
+                             "train.batch_size=64", "train.device=cpu", "data.on_device=true"])
+    result = train(cfg, track=False)
+    assert len(result.history) == 2
+    assert result.history[-1]["val_accuracy"] > 0.8  # 10 classes; the DataLoader path: ~0.95
