@@ -186,6 +186,54 @@ def test_pm_on_pins_batches_for_an_accelerator_and_is_na_on_cpu():
     assert "same run as ga" in reasons["ga+pm"]
 
 
+def test_resident_on_puts_the_data_on_the_device_and_makes_pm_na():
+    from accel.data import build_data
+    from accel.resident import ResidentLoader
+
+    assert A.parse_techniques("ga,amp,pm,resident") == ("ga", "amp", "pm", "resident")
+    cfg = tiny()
+    plan, by_name = configs(cfg, ("pm", "resident"), torch.device("cuda"))  # made for a GPU
+    assert by_name["resident"].data.on_device and not by_name["baseline"].data.on_device
+    reasons = {c.name: A.not_applicable(c, plan) for c in A.combinations(("pm", "resident"))}
+    assert reasons["resident"] is None and reasons["pm"] is None
+    assert "no host-to-device copies" in reasons["pm+resident"]
+    assert isinstance(build_data(by_name["resident"], CPU).train, ResidentLoader)
+    assert not isinstance(build_data(by_name["baseline"], CPU).train, ResidentLoader)
+    cpu_plan, _ = configs(cfg, ("ga", "resident"))
+    from accel.ablation.report import describe_plan
+
+    header = describe_plan(cfg, cpu_plan, 1, "cpu")
+    assert "resident on = data.on_device=true" in header and "in memory" in header
+
+
+def test_time_to_target_is_tabulated_per_combination_when_a_target_is_set():
+    cfg = tiny("train.target={metric: val_accuracy, value: 0.2}")
+    plan = A.make_plan(cfg, ("ga",), CPU)
+    records = []
+    for name, per_repeat in {"baseline": [(4.0, 0.1), (5.0, 0.1)],  # reached at epoch 2
+                             "ga": [(2.0, 0.2), (3.0, 0.0)]}.items():  # once at 1, never
+        for r, (t, acc1) in enumerate(per_repeat):
+            h = history(t, t)
+            h[0]["val_accuracy"], h[1]["val_accuracy"] = acc1, acc1 + 0.1 * (name == "baseline")
+            rec = A.record_from_history(A.RunRecord(name, r), h, cfg.train.target)
+            rec.ok = True
+            records.append(rec)
+    by_name = {(r.combination, r.repeat): r for r in records}
+    assert by_name["baseline", 0].time_to_target_s == 8.0  # both epochs' training time
+    assert by_name["baseline", 0].epochs_to_target == 2
+    assert by_name["ga", 0].time_to_target_s == 2.0
+    assert math.isnan(by_name["ga", 1].epochs_to_target)
+    rows = A.summarize(A.combinations(("ga",)), records, plan)
+    table = A.markdown_table(rows, plan)
+    assert "s to val_accuracy >= 0.2 (min–max)" in table.splitlines()[0]
+    assert "| 9.0 (8.0–10.0) |" in table  # baseline: 8 and 10 s
+    assert "| 2.0 (2.0–2.0), 1/2 runs |" in table
+    parsed = list(csv.DictReader(io.StringIO(A.csv_table(rows, plan))))
+    assert float(parsed[0]["time_to_target_s_median"]) == 9.0
+    assert "time_to_target" not in A.markdown_table(rows, A.make_plan(tiny(), ("ga",), CPU))
+    assert "s to " not in A.markdown_table(rows, A.make_plan(tiny(), ("ga",), CPU))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_pm_on_a_gpu_moves_pinned_batches_without_blocking(monkeypatch):

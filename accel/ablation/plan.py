@@ -7,6 +7,10 @@ switch means on this device for this config, and the order the runs go in.
 - `amp` autocast in bf16 where the device supports it, else fp16 with a GradScaler.
 - `pm`  page-locked DataLoader batches + `non_blocking` copies. It only changes anything with an
         accelerator, so on CPU those combinations are reported "n/a on cpu" and not run.
+- `resident`  `data.on_device=true`: the whole split as one tensor on the device, augmented a batch
+        at a time there (accel.resident); off, the config's DataLoader. On CPU it means "decoded
+        in memory, augmented in batches" (no copy to save), and the header says so; with it on,
+        `pm` has no copies to speed, so those combinations are n/a.
 - `channels_last`, `compile`  the memory-format and `torch.compile` switches.
 
 Every combination trains with the same data, seed, epochs and effective batch size.
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from accel.config import Config
 from accel.errors import ConfigError
 
-TECHNIQUES = ("ga", "amp", "pm", "channels_last", "compile")
+TECHNIQUES = ("ga", "amp", "pm", "resident", "channels_last", "compile")
 DEFAULT_GA_STEPS = 4  # micro-batches per update for `ga` when the config itself does not use GA
 BASELINE = "baseline"
 
@@ -79,6 +83,7 @@ class AblationPlan:
     ga_steps: int  # micro-batches per update when `ga` is on
     updates_per_epoch: int | None  # None: the whole training set every epoch
     amp: str  # the autocast dtype of `amp` on: "bf16" or "fp16"
+    target: dict  # train.target ({metric, value}) or {}: the table adds time to target
 
     def micro_batch(self, ga: bool) -> int:
         return self.effective_batch // self.ga_steps if ga else self.effective_batch
@@ -97,7 +102,8 @@ def make_plan(cfg: Config, techniques: tuple[str, ...], device) -> AblationPlan:
     if t.epoch_length is not None:  # epoch_length counts the config's own micro-batches
         updates = math.ceil(t.epoch_length / t.accumulation_steps)
     amp = amp_dtype(t.amp, device) if "amp" in techniques else t.amp
-    return AblationPlan(techniques, device.type, effective, ga_steps, updates, amp)
+    return AblationPlan(techniques, device.type, effective, ga_steps, updates, amp,
+                        dict(t.target))
 
 
 def amp_dtype(mode: str, device) -> str:
@@ -119,6 +125,9 @@ def not_applicable(combo: Combination, plan: AblationPlan) -> str | None:
     if "pm" in combo.on and plan.device != "cuda":
         return (f"n/a on {plan.device}: pinned memory only speeds host-to-accelerator copies "
                 f"(same run as {combo.without('pm').name})")
+    if "pm" in combo.on and "resident" in combo.on:
+        return (f"n/a: resident data makes no host-to-device copies "
+                f"(same run as {combo.without('pm').name})")
     return None
 
 
@@ -136,6 +145,8 @@ def combination_config(base: Config, combo: Combination, plan: AblationPlan) -> 
         t.amp = plan.amp if "amp" in combo.on else "off"
     if "pm" in chosen:
         d.pin_memory = "pm" in combo.on
+    if "resident" in chosen:
+        d.on_device = "resident" in combo.on
     if "channels_last" in chosen:
         t.channels_last = "channels_last" in combo.on
     if "compile" in chosen:

@@ -20,10 +20,16 @@ class RunRecord:
     throughput: float = math.nan  # training images/s over the steady epochs
     peak_memory_mb: float = math.nan
     val_accuracy: float = math.nan
+    time_to_target_s: float = math.nan  # training seconds until train.target; nan: not reached
+    epochs_to_target: float = math.nan
 
 
-def record_from_history(record: RunRecord, history: list[dict[str, float]]) -> RunRecord:
-    """Epoch 1 (kernel selection, compile) apart; steady state = the median of the later ones."""
+def record_from_history(record: RunRecord, history: list[dict[str, float]],
+                        target: dict | None = None) -> RunRecord:
+    """Epoch 1 (kernel selection, compile) apart; steady state = the median of the later ones.
+    With a `target` ({metric, value}), the training time and epochs until it was first reached."""
+    from accel.train.epochs import time_to_target
+
     times = [h["epoch_time_s"] for h in history]
     steady = history[1:] or history  # one epoch: no steady state apart from warm-up
     record.epochs = len(history)
@@ -32,4 +38,7 @@ def record_from_history(record: RunRecord, history: list[dict[str, float]]) -> R
     record.throughput = statistics.median(h["train_throughput"] for h in steady)
     record.peak_memory_mb = max(h["peak_memory_mb"] for h in history)
     record.val_accuracy = history[-1]["val_accuracy"]
+    hit = time_to_target(target or {}, history)
+    if hit is not None:
+        record.time_to_target_s, record.epochs_to_target = hit[0], float(hit[1])
     return record

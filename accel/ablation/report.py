@@ -43,7 +43,8 @@ class Row:
         return [r for r in self.records if r.ok]
 
     def median(self, attr: str) -> float:
-        values = [getattr(r, attr) for r in self.ok]
+        """The median over the runs that succeeded and have the value (not nan)."""
+        values = [v for r in self.ok if not math.isnan(v := getattr(r, attr))]
         return statistics.median(values) if values else math.nan
 
     def spread(self, attr: str) -> tuple[float, float]:
@@ -92,8 +93,25 @@ def _speedup_cell(row: Row) -> str:
     return f"{med:.2f}x ({lo:.2f}–{hi:.2f})"
 
 
+def target_name(target: dict) -> str:
+    sign = "<=" if target["metric"] == "val_loss" else ">="
+    return f"{target['metric']} {sign} {target['value']}"
+
+
+def _target_cell(row: Row) -> str:
+    """Median training seconds to the target (min–max), over the runs that reached it."""
+    reached = [r.time_to_target_s for r in row.ok if not math.isnan(r.time_to_target_s)]
+    if not row.ok:
+        return MISSING
+    if not reached:
+        return "not reached"
+    cell = f"{statistics.median(reached):.1f} ({min(reached):.1f}–{max(reached):.1f})"
+    return cell if len(reached) == len(row.ok) else f"{cell}, {len(reached)}/{len(row.ok)} runs"
+
+
 def markdown_table(rows: list[Row], plan: AblationPlan) -> str:
-    head = ["combination", *plan.techniques, "status", "steady s/epoch (min–max)",
+    target = [f"s to {target_name(plan.target)} (min–max)"] if plan.target else []
+    head = ["combination", *plan.techniques, "status", "steady s/epoch (min–max)", *target,
             "speed-up (min–max)", "1st epoch s", "img/s", "peak MB", "val acc", "note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
@@ -101,7 +119,8 @@ def markdown_table(rows: list[Row], plan: AblationPlan) -> str:
         steady = (f"{fmt(row.median('steady_epoch_s'), 2)} ({fmt(lo, 2)}–{fmt(hi, 2)})"
                   if row.ok else MISSING)
         cells = [row.combo.name, *(_technique_cell(row, t, plan) for t in plan.techniques),
-                 row.short_status, steady, _speedup_cell(row),
+                 row.short_status, steady, *([_target_cell(row)] if target else []),
+                 _speedup_cell(row),
                  fmt(row.median("first_epoch_s"), 2), fmt(row.median("throughput"), 0),
                  fmt(row.median("peak_memory_mb"), 0), fmt(row.median("val_accuracy"), 3),
                  row.note.replace("|", "/")]
@@ -112,7 +131,8 @@ def markdown_table(rows: list[Row], plan: AblationPlan) -> str:
 CSV_FIELDS = ("combination", "status", "runs_ok", "repeats", "steady_epoch_s_median",
               "steady_epoch_s_min", "steady_epoch_s_max", "speedup_median", "speedup_min",
               "speedup_max", "first_epoch_s_median", "warmup_s_median", "throughput_median",
-              "peak_memory_mb_median", "val_accuracy_median", "note")
+              "peak_memory_mb_median", "val_accuracy_median", "time_to_target_s_median",
+              "epochs_to_target_median", "note")
 
 
 def csv_table(rows: list[Row], plan: AblationPlan) -> str:
@@ -128,13 +148,15 @@ def csv_table(rows: list[Row], plan: AblationPlan) -> str:
             row.short_status, len(row.ok), len(row.records),
             row.median("steady_epoch_s"), lo, hi, med, s_lo, s_hi, row.median("first_epoch_s"),
             statistics.median(warmups) if warmups else math.nan, row.median("throughput"),
-            row.median("peak_memory_mb"), row.median("val_accuracy"), row.note,
+            row.median("peak_memory_mb"), row.median("val_accuracy"),
+            row.median("time_to_target_s"), row.median("epochs_to_target"), row.note,
         ])
     return out.getvalue()
 
 
 RUN_FIELDS = ("combination", "repeat", "run_id", "ok", "error", "epochs", "first_epoch_s",
-              "steady_epoch_s", "throughput", "peak_memory_mb", "val_accuracy")
+              "steady_epoch_s", "throughput", "peak_memory_mb", "val_accuracy",
+              "time_to_target_s", "epochs_to_target")
 
 
 def runs_csv(records: list[RunRecord]) -> str:
@@ -190,6 +212,14 @@ def describe_plan(cfg: Config, plan: AblationPlan, repeats: int, device_name: st
         cpu = ("; on CPU train.amp=auto trains in fp32, so these rows show what an explicit "
                f"train.amp={plan.amp} gives" if plan.device == "cpu" else "")
         lines.append(f"amp on = autocast {plan.amp}{scaler}, off = fp32{cpu}")
+    if "resident" in plan.techniques:
+        where = ("in memory, augmented in batches (a CPU has no copy to save)"
+                 if plan.device == "cpu" else "on the GPU, augmented there in batches")
+        lines.append(f"resident on = data.on_device=true: each split one tensor {where}; "
+                     f"off = the config's DataLoader (data.in_memory={cfg.data.in_memory})")
+    if plan.target:
+        lines.append(f"time to target = training seconds (evaluation excluded) until the first "
+                     f"epoch with {target_name(plan.target)}; median over the runs reaching it")
     lines.append("steady s/epoch = median over epochs 2.. (epoch 1 apart: warm-up, compile); "
                  "speed-up = baseline / combination, paired by repeat; spread = min–max")
     if cfg.train.epochs < 2:

@@ -82,7 +82,7 @@ def run_one(cfg: Config, combo: Combination, repeat: int, *, parent_run_id: str 
             torch.cuda.empty_cache()
         return record
     record.run_id, record.ok = result.run_id, True
-    return record_from_history(record, result.history)
+    return record_from_history(record, result.history, cfg.train.target)
 
 
 def run_ablation(cfg: Config, techniques: tuple[str, ...], repeats: int, *,
@@ -129,7 +129,7 @@ def run_ablation(cfg: Config, techniques: tuple[str, ...], repeats: int, *,
 
 def _warm_data(cfg: Config, device) -> None:
     """Decode an in-memory dataset before the first run, so it is not charged to the baseline."""
-    if cfg.data.in_memory and cfg.data.dataset != "digits":
+    if (cfg.data.in_memory or cfg.data.on_device) and cfg.data.dataset != "digits":
         from accel.data import build_data
 
         build_data(cfg, device)
@@ -191,6 +191,7 @@ def _start_child(tracker, combo: Combination, cfg: Config, plan: AblationPlan, e
                    "train.accumulation_steps": resolved.train.accumulation_steps,
                    "train.epoch_length": resolved.train.epoch_length,
                    "train.amp": resolved.train.amp, "data.pin_memory": resolved.data.pin_memory,
+                   "data.on_device": resolved.data.on_device,
                    "train.channels_last": resolved.train.channels_last,
                    "train.compile": resolved.train.compile})
     tracker.log_params(run_id, params)
@@ -211,6 +212,7 @@ def _log_results(tracker, result: Ablation, children: dict[str, str], cfg: Confi
                    "train_throughput": row.median("throughput"),
                    "peak_memory_mb": row.median("peak_memory_mb"),
                    "val_accuracy": row.median("val_accuracy"),
+                   "time_to_target_s": row.median("time_to_target_s"),
                    "speedup": med, "speedup_min": lo, "speedup_max": hi,
                    "runs_ok": float(len(row.ok))}
         if not row.na:
