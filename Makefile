@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench gpu-wheels gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ test: lint
 
 bench: $(STAMP)
 	for b in engine_overhead amp_cpu tracking_overhead cli_startup; do $(BIN)/python bench/$$b.py; done
+
+# The prepared GPU check (bench/gpu_check.py). Here, where pip reaches the registries: fill .gpu/
+# (git-ignored) with the wheels the GPU machine's python3 lacks, pinned to .venv, and the CIFAR-10
+# tarball, within the 64 MiB that travels. There, carrying .gpu: `make gpu-check OUT=$OUT`, run by
+# the machine's own python3 (torch with CUDA), not .venv; it writes $OUT/gpu_check.md and logs.
+gpu-wheels: $(STAMP)
+	$(BIN)/python bench/gpu_check.py --prepare
+
+gpu-check:
+	$(PYTHON) bench/gpu_check.py $(or $(OUT),$(error gpu-check needs OUT=<folder>))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
