@@ -138,3 +138,15 @@ def test_digits_on_device_trains():
     result = train(cfg, track=False)
     assert len(result.history) == 2
     assert result.history[-1]["val_accuracy"] > 0.8  # 10 classes; the DataLoader path: ~0.95
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_batches_are_made_there_and_equal_the_cpu_ones(folder):
+    cuda = torch.device("cuda")
+    on_gpu = build_data(image_cfg(folder, "data.on_device=true", "train.device=cuda"), cuda)
+    on_cpu = build_data(image_cfg(folder, "data.on_device=true"), CPU)
+    assert on_gpu.train.images.device.type == "cuda"
+    for (xg, yg), (xc, yc) in zip(on_gpu.train, on_cpu.train, strict=True):
+        assert xg.device.type == "cuda" and yg.device.type == "cuda"
+        assert torch.equal(xg.cpu(), xc) and torch.equal(yg.cpu(), yc)  # gather + exact ops
