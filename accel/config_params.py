@@ -45,6 +45,18 @@ def _space_from_params(items: dict[str, str]) -> dict[str, Any]:
     return space
 
 
+def _mappings_from_params(settings: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Undo the flattening of the other mapping keys (`train.target.value` -> train.target):
+    a param under a config key that is itself a setting belongs to that key's mapping."""
+    keys = set(all_keys()) - {SPACE_KEY}
+    out: dict[str, dict[str, Any]] = {}
+    for flat, text in settings.items():
+        owner = next((k for k in keys if flat.startswith(k + ".")), None)
+        if owner is not None:
+            out.setdefault(owner, {})[flat[len(owner) + 1:]] = _literal(text)
+    return out
+
+
 def from_params(params: dict[str, str]) -> tuple[Config, list[str]]:
     """Rebuild a config from its logged params (all strings): the inverse of `Config.flat()`
     as `param_text` logs it. Returns the config and notes on keys that did not fit the schema."""
@@ -52,8 +64,9 @@ def from_params(params: dict[str, str]) -> tuple[Config, list[str]]:
     settings = {k: v for k, v in params.items()
                 if k not in DERIVED_PARAMS and not k.startswith(DERIVED_PREFIXES)}
     space = {k: v for k, v in settings.items() if k.startswith(SPACE_KEY + ".")}
+    mappings = _mappings_from_params(settings)  # e.g. train.target.metric -> train.target
     for key, value in settings.items():
-        if key in space:
+        if key in space or any(key.startswith(m + ".") for m in mappings):
             continue
         try:
             set_key(cfg, key, value)
@@ -63,7 +76,10 @@ def from_params(params: dict[str, str]) -> tuple[Config, list[str]]:
             unknown.append(key)
     if space:
         set_key(cfg, SPACE_KEY, _space_from_params(space))
-    missing = [k for k in all_keys() if k not in settings and not (k == SPACE_KEY and space)]
+    for key, mapping in mappings.items():
+        set_key(cfg, key, mapping)
+    missing = [k for k in all_keys()
+               if k not in settings and k not in mappings and not (k == SPACE_KEY and space)]
     if unknown:
         notes.append(f"logged params unknown to this config schema, ignored: {', '.join(unknown)}")
     if missing:
