@@ -393,7 +393,7 @@ def child_env(work: Path, dry: bool) -> dict:
                MLFLOW_TRACKING_URI=f"sqlite:///{work / 'mlflow.db'}", PYTHONUNBUFFERED="1",
                MPLBACKEND="Agg", ACCEL_WORK=str(work),
                ACCEL_PYTHON=sys.executable, MLFLOW_DISABLE_TELEMETRY="true")  # no network there
-    if dry:  # README: on a loaded 2-core machine one OpenMP thread beats two spin-waiting ones
+    if dry:  # docs/results.md: loaded 2-core machine, 1 OpenMP thread beats 2 spinning
         env.setdefault("OMP_NUM_THREADS", "1")
     return env
 

@@ -1,4 +1,4 @@
-"""The README's pictures, taken from a real `accel ui` by headless Chromium, never drawn by hand.
+"""The pictures of docs/, taken from a real `accel ui` by headless Chromium, never drawn by hand.
 
 It runs a small quickstart study in a scratch folder, registers its winner, starts `accel ui` on
 that store (its own session; stopped with its whole process group at the end) and photographs:

@@ -1,4 +1,4 @@
-"""The package's shape (README "Architecture"): small modules, short functions, and imports that
+"""The package's shape (docs/architecture.md): small modules, short functions, and imports that
 flow one way, from the commands down to the config. These fail when a module or function grows
 past the limit, or when a lower layer starts importing a higher one."""
 
