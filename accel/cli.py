@@ -80,6 +80,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return evaluate.cli_evaluate(args, items)
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from accel import verify
+
+    return verify.cli_verify(args)
+
+
 def cmd_ablate(args: argparse.Namespace) -> int:
     from accel import ablation
 
@@ -198,6 +204,16 @@ def _training_commands(command) -> None:
                    "front's best trial on METRIC (default: the whole front)")
     p.add_argument("--brief", action="store_true", help="three lines: the study's trials and "
                    "best value, how to browse it, how to reproduce the best trial")
+
+    p = command("verify", "rerun a study's top trials and its baseline over fresh seeds: "
+                "intervals, the probability of staying best", cmd_verify, _storage_arg,
+                _tracking_arg)
+    p.add_argument("--study", required=True, metavar="NAME")
+    p.add_argument("--top", type=int, default=3, metavar="K", help="best trials to rerun "
+                   "(the baseline trial is added when not among them; default 3)")
+    p.add_argument("--seeds", type=int, default=5, metavar="N", help="fresh seeds, the same "
+                   "for every trial (default 5)")
+    p.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes")
 
     p = command("ablate", "time every on/off combination of GA, AMP and pinned memory",
                 cmd_ablate, _config_args, _tracking_arg)

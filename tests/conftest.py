@@ -122,3 +122,20 @@ def postgres_databases():
 def postgres_url(postgres_databases) -> str:
     """A fresh database's URL (no password: trust auth)."""
     return f"postgresql://postgres@127.0.0.1:5432/{postgres_databases()}"
+
+
+def cli_main(*args: str) -> tuple[int, str, str]:
+    """`accel ARGS` in this process, through `accel.cli.main` with real argv: (exit code, stdout,
+    stderr). For tests where the process boundary is not what is tested (no import cost)."""
+    import contextlib
+    import io
+
+    from accel import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code if isinstance(e.code, int) else 1
+    return code, out.getvalue(), err.getvalue()

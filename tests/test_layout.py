@@ -23,7 +23,7 @@ LAYERS = {
     "accel.shared_data": 2, "accel.resident": 2,
     "accel.train": 3,
     "accel.tune": 4, "accel.reproduce": 4, "accel.resume": 4, "accel.ablation": 4,
-    "accel.registry": 4, "accel.evaluate": 4,
+    "accel.registry": 4, "accel.evaluate": 4, "accel.verify": 4,
     "accel.cli": 5, "accel.__main__": 5,
 }
 

@@ -1,0 +1,189 @@
+"""What a verification reruns and where it logs: the study's top trials and its baseline, each
+rerun with the same fresh seeds, one MLflow run per (trial, seed) under one verification run.
+
+A rerun that finished is found again by its tags and reused, so the same command twice trains
+only what is missing. Reruns run in this process, or in `--workers` spawned processes that take
+them from one queue.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from dataclasses import dataclass
+
+from accel.config import Config
+from accel.console import note, progress
+from accel.signals import handle_stops
+from accel.tracking import retry_locked
+from accel.tune import tracking as st
+
+ROLE = "verify"
+RERUN_ROLE = "verify-rerun"
+TAG_RUN = "accel.verify.run"  # on a rerun: its verification run
+TAG_TRIAL = "accel.verify.trial"
+TAG_SEED = "accel.verify.seed"
+ATTR_BASELINE = "accel.baseline"  # user attr of the trial that ran the file's own values
+
+
+@dataclass
+class Candidate:
+    """A trial to rerun: its number, its tuning value and the config its run logged."""
+
+    number: int
+    run_id: str
+    value: float
+    baseline: bool
+    config: Config
+
+
+@dataclass
+class Rerun:
+    number: int
+    seed: int
+    value: float
+    run_id: str
+
+
+def ranked(study) -> list:
+    """COMPLETE trials of this study (not copies of another study's), best first."""
+    from optuna.study import StudyDirection
+
+    trials = [t for t in study.get_trials(deepcopy=False, states=st.complete_states())
+              if st.ATTR_COPIED not in t.user_attrs]
+    maximize = study.direction == StudyDirection.MAXIMIZE
+    return sorted(trials, key=lambda t: (-t.value if maximize else t.value, t.number))
+
+
+def choose(study, top: int) -> list:
+    """The top `top` trials, then the baseline trial when it is not among them."""
+    trials = ranked(study)
+    chosen = trials[:top]
+    baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)), None)
+    if baseline is not None and baseline not in chosen:
+        chosen.append(baseline)
+    return chosen
+
+
+def fresh_seeds(candidates: list[Candidate], n: int) -> list[int]:
+    """`n` seeds none of the trials ran with (the seed that won is not reused), the same for
+    every trial: seed i pairs the trials' reruns."""
+    used = {c.config.train.seed for c in candidates}
+    seeds, s = [], 1
+    while len(seeds) < n:
+        if s not in used:
+            seeds.append(s)
+        s += 1
+    return seeds
+
+
+def verification_run(tracker, study: str, study_run: str | None, params: dict) -> str:
+    """The study's verification run: the latest one again (RUNNING while it works), or new."""
+    runs = st.search_runs(tracker, study, f"tags.`accel.role` = '{ROLE}'")
+    if runs:
+        run_id = runs[-1].info.run_id
+        retry_locked(tracker.client.update_run, run_id, status="RUNNING")
+    else:
+        run_id = retry_locked(tracker.start_run, study, f"verify-{study}", tags={
+            "accel.role": ROLE, "accel.study": study, "accel.study_run": study_run or ""})
+    retry_locked(tracker.set_tags, run_id, {f"accel.verify.{k}": v for k, v in params.items()})
+    return run_id
+
+
+def finished_reruns(tracker, study: str, run_id: str, metric: str) -> dict[tuple[int, int], Rerun]:
+    """The reruns of this verification that finished: (trial, seed) -> Rerun."""
+    runs = st.search_runs(tracker, study, f"tags.`{TAG_RUN}` = '{run_id}' AND "
+                                          "attributes.status = 'FINISHED'")
+    done = {}
+    for r in runs:
+        value = r.data.metrics.get(f"best_{metric}")
+        if value is not None:
+            key = (int(r.data.tags[TAG_TRIAL]), int(r.data.tags[TAG_SEED]))
+            done[key] = Rerun(*key, value, r.info.run_id)
+    return done
+
+
+@dataclass
+class Job:
+    """One rerun: picklable, for a spawned worker."""
+
+    candidate: Candidate
+    seed: int
+    study: str
+    verify_run: str
+    metric: str
+    uri: str
+
+
+def run_one(job: Job) -> Rerun:
+    """Train the trial's logged config with a fresh seed, as a child of the verification run."""
+    from accel.reproduce import point_at
+    from accel.train import train
+
+    c = job.candidate
+    cfg = copy.deepcopy(c.config)
+    cfg.train.seed = job.seed  # also reseeds the train/val split and the loader order
+    point_at(cfg, job.uri, job.study)
+    result = train(cfg, run_name=f"verify-trial{c.number}-seed{job.seed}",
+                   parent_run_id=job.verify_run,
+                   tags={"accel.role": RERUN_ROLE, "accel.study": job.study, TAG_RUN:
+                         job.verify_run, TAG_TRIAL: str(c.number), TAG_SEED: str(job.seed),
+                         "accel.reproduces": c.run_id})
+    return Rerun(c.number, job.seed, result.best[job.metric], result.run_id)
+
+
+def run_jobs(jobs: list[Job], workers: int) -> None:
+    """Every job, here (1 worker) or in spawned worker processes fed by one queue."""
+    if workers == 1 or len(jobs) <= 1:
+        for i, job in enumerate(jobs, start=1):
+            note(f"rerun {i}/{len(jobs)}: trial {job.candidate.number}, train.seed={job.seed}")
+            done = run_one(job)
+            progress(f"trial {done.number} seed {done.seed}: {job.metric}={done.value:.4f}")
+        return
+    import multiprocessing
+
+    from accel.tune.workers import _stop
+
+    context = multiprocessing.get_context("spawn")  # CUDA and some BLAS cannot fork
+    queue = context.Queue()
+    for job in jobs:
+        queue.put(job)
+    n = min(workers, len(jobs))
+    for _ in range(n):
+        queue.put(None)
+    procs = [context.Process(target=_worker_main, args=(queue, n), name=f"accel-verify-{i}")
+             for i in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:
+        _stop(procs)
+        raise
+    codes = [p.exitcode for p in procs]
+    if 130 in codes:
+        raise KeyboardInterrupt
+    if any(c != 0 for c in codes):
+        raise RuntimeError(f"a verification worker failed (exit codes {codes})")
+
+
+def _worker_main(queue, workers: int) -> None:
+    handle_stops()  # a Ctrl-C or SIGTERM to the process group ends its rerun KILLED
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        while (job := queue.get()) is not None:
+            done = run_one(job)
+            progress(f"trial {done.number} seed {done.seed}: {job.metric}={done.value:.4f}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def close_running(tracker, study: str, run_id: str) -> None:
+    """Reruns of this verification left RUNNING (a worker killed outright) end KILLED."""
+    for r in st.search_runs(tracker, study, f"tags.`{TAG_RUN}` = '{run_id}' AND "
+                                            "attributes.status = 'RUNNING'"):
+        retry_locked(tracker.end_run, r.info.run_id, "KILLED")

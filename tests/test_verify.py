@@ -1,0 +1,169 @@
+"""`accel verify`: a study's top trials and its baseline rerun over the same fresh seeds.
+
+The study: trials 0 and 1 have identical values (queued twice), trial 2 runs the file's own
+learning rate, 1e-6, far too small to learn in three epochs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, cli_main, new_store
+
+STUDY_YAML = """\
+name: vstudy
+data: {dataset: digits, val_fraction: 0.2}
+model: {name: accel_cnn_s, img_size: 8}
+train: {epochs: 3, batch_size: 32, lr: 1.0e-6, device: cpu, amp: "off"}
+tracking: {system_metrics: false, log_checkpoint: false}
+search:
+  metric: val_accuracy
+  direction: maximize
+  pruner: none
+  space:
+    train.lr: {type: float, low: 1.0e-6, high: 1.0e-1, log: true}
+  enqueue:
+    - {train.lr: 0.01}
+    - {train.lr: 0.01}
+"""
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """The study, tuned once, and its first verification's output."""
+    folder = tmp_path_factory.mktemp("verify")
+    (folder / "study.yaml").write_text(STUDY_YAML)
+    flags = ["--storage", str(folder / "optuna.journal"), "--tracking-uri", new_store(folder)]
+    code, _, err = cli_main("tune", str(folder / "study.yaml"), "--n-trials", "3", *flags)
+    assert code == 0, err
+    code, out, err = cli_main("verify", "--study", "vstudy", "--top", "2", "--seeds", "3", *flags)
+    assert code == 0, err
+    return folder, flags, out
+
+
+def client(flags):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(flags[flags.index("--tracking-uri") + 1])
+
+
+def reruns(flags):
+    c = client(flags)
+    exp = c.get_experiment_by_name("vstudy")
+    return c.search_runs([exp.experiment_id], "tags.`accel.role` = 'verify-rerun'")
+
+
+def verify_run(flags):
+    c = client(flags)
+    exp = c.get_experiment_by_name("vstudy")
+    (run,) = c.search_runs([exp.experiment_id], "tags.`accel.role` = 'verify'")
+    return run
+
+
+def test_identical_trials_are_not_distinguishable_and_a_tiny_lr_is_beaten(study):
+    _, flags, out = study
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("trials 0, 1 are not distinguishable"), out
+    assert "beats the file's values by +" in verdict, out
+    run = verify_run(flags)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["accel.verdict"] == verdict
+    parent = client(flags).get_run(run.data.tags["accel.study_run"])
+    assert parent.data.tags["accel.verified_best"] in ("0", "1")
+    assert float(parent.data.tags["accel.p_best"]) == pytest.approx(0.5, abs=0.05)
+
+
+def test_seeds_are_fresh_and_paired_across_trials(study):
+    _, flags, _ = study
+    runs = reruns(flags)
+    assert len(runs) == 3 * 3 and all(r.info.status == "FINISHED" for r in runs)
+    seeds = {}
+    for r in runs:
+        seeds.setdefault(r.data.tags["accel.verify.trial"], set()).add(r.data.tags[
+            "accel.verify.seed"])
+        assert r.data.params["train.seed"] == r.data.tags["accel.verify.seed"]
+    assert set(seeds) == {"0", "1", "2"}
+    assert seeds["0"] == seeds["1"] == seeds["2"] and len(seeds["0"]) == 3
+    assert "0" not in seeds["0"]  # the trials' own seed (train.seed=0) is not reused
+
+
+def test_the_intervals_are_scipys_bootstrap_of_the_logged_values(study):
+    from scipy.stats import bootstrap
+
+    folder, flags, out = study
+    run = verify_run(flags)
+    path = client(flags).download_artifacts(run.info.run_id, "verify.csv", str(folder))
+    rows = list(csv.DictReader(io.StringIO(Path(path).read_text())))
+    by_trial: dict[str, list[float]] = {}
+    for row in sorted(rows, key=lambda r: int(r["seed"])):
+        by_trial.setdefault(row["trial"], []).append(float(row["value"]))
+    # each logged value is the rerun run's own best_val_accuracy
+    logged = {(r.data.tags["accel.verify.trial"], r.data.tags["accel.verify.seed"]):
+              r.data.metrics["best_val_accuracy"] for r in reruns(flags)}
+    assert sorted(float(r["value"]) for r in rows) == sorted(logged.values())
+    data = tuple(np.array(by_trial[t]) for t in ("0", "1", "2"))
+    direct = bootstrap(data, lambda *xs, axis=-1: np.stack([x.mean(axis=axis) for x in xs]),
+                       paired=True, vectorized=True, n_resamples=9999, method="percentile",
+                       rng=np.random.default_rng(0)).confidence_interval
+    for i, trial in enumerate(("0", "1", "2")):
+        line = next(x for x in out.splitlines() if x.split()[:1] == [trial])
+        assert f"[{direct.low[i]:.4f}, {direct.high[i]:.4f}]" in line, (line, direct)
+    diff = bootstrap((data[0], data[2]), lambda a, b, axis=-1: np.mean(a - b, axis=axis),
+                     paired=True, vectorized=True, n_resamples=9999, method="percentile",
+                     rng=np.random.default_rng(0)).confidence_interval
+    assert f"[{100 * diff.low:.1f}, {100 * diff.high:.1f}]" in out.splitlines()[-1]
+    assert diff.low > 0.5  # a learning rate of 1e-6 learns nothing in 3 epochs
+
+
+def test_the_same_command_again_trains_nothing_and_says_the_same(study):
+    _, flags, out = study
+    before = len(reruns(flags))
+    code, again, err = cli_main("verify", "--study", "vstudy", "--top", "2", "--seeds", "3",
+                                *flags)
+    assert code == 0, err
+    assert again == out
+    assert len(reruns(flags)) == before
+    assert "9 rerun(s) done before, 0 to run" in err
+
+
+@pytest.mark.parametrize("flag, value, says", [("--seeds", "1", "--seeds 1: must be >= 2"),
+                                               ("--top", "0", "--top 0: must be >= 1")])
+def test_too_few_seeds_or_trials_exit_2_with_one_line(study, flag, value, says):
+    _, flags, _ = study
+    code, out, err = cli_main("verify", "--study", "vstudy", flag, value, *flags)
+    assert code == 2 and out == ""
+    assert err.strip().startswith(f"accel: error: {says}") and len(err.strip().splitlines()) == 1
+
+
+def test_sigterm_during_verify_leaves_nothing_running(study):
+    folder, flags, _ = study
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([sys.executable, "-m", "accel", "verify", "--study", "vstudy",
+                             "--top", "2", "--seeds", "5", *flags], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(r.info.status == "RUNNING"
+                                                  for r in reruns(flags)):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    statuses = [r.info.status for r in reruns(flags)]
+    assert "RUNNING" not in statuses and "KILLED" in statuses
+    assert verify_run(flags).info.status == "KILLED"
