@@ -111,8 +111,9 @@ def _stop_errors(trial: Any) -> tuple[type[BaseException], ...]:
 
 
 def _report_earlier_epochs(trial: Any, parts: Parts) -> None:
-    """A retried trial tells Optuna the epochs its predecessor ran (pruners compare curves)."""
-    if trial is not None:
+    """A retried trial tells Optuna the epochs its predecessor ran (pruners compare curves).
+    Optuna takes no intermediate values from a multi-objective trial (nor prunes one)."""
+    if trial is not None and len(trial.study.directions) == 1:
         for epoch, row in enumerate(parts.history, start=1):
             trial.report(row[parts.cfg.search.metric], epoch)
 

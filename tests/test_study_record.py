@@ -1,0 +1,110 @@
+"""A study's record stays what happened: a retried multi-objective trial, each trial's own peak
+memory, warm starts that copy each trial once. Real processes through the CLI, tiny runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import ROOT, new_store, run_cli
+
+TINY = {
+    "data": {"dataset": "digits", "num_workers": 0},
+    "model": {"name": "test_resnet", "img_size": 16},
+    "train": {"epochs": 4, "epoch_length": 6, "batch_size": 16, "device": "cpu", "amp": "off"},
+    "tracking": {"system_metrics": False},
+}
+TWO_OBJECTIVES = [{"metric": "val_accuracy", "direction": "maximize"},
+                  {"metric": "train_time_s", "direction": "minimize"}]
+LR = {"train.lr": {"type": "float", "low": 1.0e-3, "high": 2.0e-3}}
+
+
+def experiment(folder: Path, name: str, **search) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "name": name,
+                                    "search": {"pruner": "none", "space": LR, **search}}))
+    return path
+
+
+def client(store: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=store)
+
+
+def load_study(name: str, journal: Path):
+    import optuna
+
+    from accel.tune.storage import open_storage
+
+    return optuna.load_study(study_name=name, storage=open_storage(str(journal)))
+
+
+def trial_runs(store: str) -> list:
+    c = client(store)
+    return c.search_runs([e.experiment_id for e in c.search_experiments()],
+                         "tags.`accel.role` = 'trial'")
+
+
+def wait_for_trial_epochs(store: str, epochs: int, timeout_s: float = 180) -> str:
+    """The only trial run's id once it has logged `epochs` epochs (and their checkpoint)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            runs = trial_runs(store)
+            if runs and len(client(store).get_metric_history(runs[0].info.run_id,
+                                                             "val_loss")) >= epochs:
+                return runs[0].info.run_id
+        except Exception:
+            pass  # the store or the run is not there yet
+        time.sleep(0.5)
+    raise AssertionError(f"no trial run with {epochs} epoch(s) within {timeout_s} s")
+
+
+def kill_when(args: list[str], wait) -> tuple[str, int]:
+    """`accel ARGS` in its own session, SIGKILL to its whole process group once `wait()`
+    answers: (what `wait` answered, the exit code)."""
+    proc = subprocess.Popen([sys.executable, "-m", "accel", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        answer = wait()
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return answer, proc.returncode
+
+
+# --- 1: a retried trial of a multi-objective study ------------------------------------------
+
+
+def test_a_retried_two_objective_trial_carries_on_and_completes(tmp_path):
+    exp = experiment(tmp_path, "mo", objectives=TWO_OBJECTIVES)
+    store, journal = new_store(tmp_path), tmp_path / "optuna.journal"
+    args = ["tune", str(exp), "--study", "mo", "--n-trials", "1", "--storage", str(journal),
+            "--tracking-uri", store]
+    dead_run, code = kill_when(args, lambda: wait_for_trial_epochs(store, 1))
+    assert code == -signal.SIGKILL
+
+    out = run_cli(*args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, retry = load_study("mo", journal).trials
+    assert (first.state.name, retry.state.name) == ("FAIL", "COMPLETE"), retry.user_attrs
+    assert retry.params == first.params and len(retry.values) == 2
+    run = client(store).get_run(retry.user_attrs["mlflow_run_id"])
+    assert run.data.tags["accel.resumed_from"] == dead_run
+    k = int(run.data.tags["accel.resumed_from_epoch"])
+    assert k >= 1 and f"carries on after epoch {k} of run {dead_run}" in out.stderr
+    steps = [m.step for m in client(store).get_metric_history(run.info.run_id, "val_loss")]
+    assert sorted(steps) == [1, 2, 3, 4]  # every epoch once: the dead trial's, then its own
+    assert retry.values[0] == run.data.metrics["best_val_accuracy"]
+    assert client(store).get_run(dead_run).info.status == "FAILED"
