@@ -219,7 +219,8 @@ def _training_commands(command) -> None:
                 cmd_ablate, _config_args, _tracking_arg)
     p.add_argument("--techniques", default="ga,amp,pm", metavar="LIST",
                    help="comma list from ga, amp, pm, channels_last, compile")
-    p.add_argument("--repeats", type=int, default=1, metavar="R")
+    p.add_argument("--repeats", type=int, default=3, metavar="R",
+                   help="runs of every combination, paired by repeat (default 3)")
 
 
 def _run_commands(command) -> None:

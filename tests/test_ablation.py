@@ -322,6 +322,51 @@ def test_speedups_are_paired_by_repeat_failures_shown_and_pm_na_on_cpu():
     assert float(parsed[1]["warmup_s_median"]) == pytest.approx(5.5)  # first 2t minus steady t
 
 
+def test_intervals_over_repeats_say_which_differences_are_beyond_noise():
+    """Planted timings and accuracies, 4 repeats: ga is faster every time with the same
+    accuracy; amp's speed-up straddles 1 and its accuracy is lower every time."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    from accel.console import MISSING
+
+    plan = A.make_plan(tiny(), ("ga", "amp"), CPU)
+    records = fake_records({"baseline": [10.0, 12.0, 11.0, 10.5], "ga": [5.0, 6.3, 5.4, 5.1],
+                            "amp": [8.0, 14.0, 11.0, 10.0], "ga+amp": [9.0, 11.0, 10.0, 10.0]})
+    accuracy = {"baseline": [0.80, 0.82, 0.81, 0.80], "ga": [0.81, 0.81, 0.80, 0.81],
+                "amp": [0.70, 0.71, 0.69, 0.72], "ga+amp": [0.80, 0.82, 0.81, 0.80]}
+    for r in records:
+        r.val_accuracy = accuracy[r.combination][r.repeat]
+    rows = {r.combo.name: r for r in A.summarize(A.combinations(("ga", "amp")), records, plan)}
+    assert rows["ga"].beyond_noise == "faster"
+    assert rows["amp"].beyond_noise == "same speed, lower acc"
+    assert rows["ga+amp"].beyond_noise == "faster"  # 10/9, 12/11, 11/10, 10.5/10: all > 1
+    assert rows["baseline"].beyond_noise == MISSING
+
+    def direct(values):
+        return bootstrap((np.array(values),), np.mean, n_resamples=9999, method="percentile",
+                         rng=np.random.default_rng(0)).confidence_interval
+
+    amp_speedups = [10 / 8, 12 / 14, 11 / 11, 10.5 / 10]
+    speed, acc = rows["amp"].intervals()
+    assert (speed.low, speed.high) == pytest.approx(tuple(direct(amp_speedups)))
+    assert speed.low < 1 < speed.high
+    diffs = [a - b for a, b in zip(accuracy["amp"], accuracy["baseline"], strict=True)]
+    assert (acc.low, acc.high) == pytest.approx(tuple(direct(diffs))) and acc.high < 0
+    table = A.markdown_table(list(rows.values()), plan)
+    amp_line = next(line for line in table.splitlines() if line.startswith("| amp |"))
+    assert f"[{speed.low:.2f}, {speed.high:.2f}]" in amp_line
+    assert "same speed, lower acc" in amp_line
+    parsed = {p["combination"]: p for p in csv.DictReader(io.StringIO(
+        A.csv_table(list(rows.values()), plan)))}
+    assert parsed["ga"]["beyond_noise"] == "faster"
+    assert float(parsed["amp"]["acc_diff_ci_high"]) == pytest.approx(acc.high)
+
+    one = A.summarize(A.combinations(("ga",)), fake_records({"baseline": [10.0], "ga": [5.0]}),
+                      A.make_plan(tiny(), ("ga",), CPU))
+    assert one[1].intervals() == (None, None) and one[1].beyond_noise == MISSING
+
+
 def test_a_failed_baseline_gives_no_speedups():
     plan = A.make_plan(tiny(), ("ga",), CPU)
     rows = A.summarize(A.combinations(("ga",)), fake_records({"baseline": [None],
@@ -338,7 +383,8 @@ def test_cli_ablation_logs_a_parent_with_one_child_per_combination(store, tmp_pa
     from mlflow.tracking import MlflowClient
 
     proc = run_cli("ablate", *TINY_OVERRIDES, "train.epochs=1", "train.epoch_length=2",
-                   "--techniques", "ga,amp,pm", "--tracking-uri", store, env=ONE_THREAD)
+                   "--techniques", "ga,amp,pm", "--repeats", "1", "--tracking-uri", store,
+                   env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| baseline |" in proc.stdout and "n/a on cpu" in proc.stdout
 

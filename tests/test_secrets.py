@@ -116,7 +116,7 @@ def test_a_planted_password_is_never_shown_or_kept(tmp_path, postgres_databases)
     run_id = next(line.split()[2] for line in best.stdout.splitlines()
                   if line.startswith("mlflow run:"))
     ok("reproduce", run_id, "--tracking-uri", uri)
-    ok("ablate", str(exp), *tiny, "--techniques", "ga", "--tracking-uri", uri)
+    ok("ablate", str(exp), *tiny, "--techniques", "ga", "--repeats", "1", "--tracking-uri", uri)
     assert "postgres:***@127.0.0.1" in "".join(shown)  # it is named, redacted
 
     places = {

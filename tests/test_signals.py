@@ -106,7 +106,7 @@ def test_sigterm_ends_a_study_cleanly_and_the_rerun_resumes(tmp_path, workers):
 def test_sigterm_ends_an_ablation_killed(tmp_path):
     store = new_store(tmp_path)
     proc = start("ablate", *LONG, "tracking.experiment=term", "--techniques", "ga",
-                 "--tracking-uri", store)
+                 "--repeats", "1", "--tracking-uri", store)
     wait_for_epoch(proc, store, "term", "train")
     code, err = stop(proc)
     assert code == SIGTERM_EXIT, err[-2000:]

@@ -21,6 +21,7 @@ class Row:
     status: str  # "ok", "2/3 ok", "failed", or the n/a reason
     records: list[RunRecord] = field(default_factory=list)
     speedups: list[float] = field(default_factory=list)  # paired by repeat with the baseline
+    acc_diffs: list[float] = field(default_factory=list)  # val_accuracy - the baseline's, paired
 
     @property
     def na(self) -> bool:
@@ -58,6 +59,27 @@ class Row:
             return math.nan, math.nan, math.nan
         return statistics.median(self.speedups), min(self.speedups), max(self.speedups)
 
+    def intervals(self):
+        """95% bootstrap intervals (accel.verify.stats) of the mean speed-up and of the mean
+        accuracy difference to the baseline, both paired by repeat; None below two repeats."""
+        from accel.verify.stats import mean_interval
+
+        if len(self.speedups) < 2 or self.combo.name == BASELINE:
+            return None, None
+        accuracy = mean_interval(self.acc_diffs) if len(self.acc_diffs) >= 2 else None
+        return mean_interval(self.speedups), accuracy
+
+    @property
+    def beyond_noise(self) -> str:
+        """What the intervals exclude: a speed-up of 1 (faster / slower), no accuracy change."""
+        speed, accuracy = self.intervals()
+        if speed is None:
+            return MISSING
+        words = ["faster" if speed.low > 1 else "slower" if speed.high < 1 else "same speed"]
+        if accuracy is not None and not accuracy.contains(0.0):
+            words.append("higher acc" if accuracy.low > 0 else "lower acc")
+        return ", ".join(words) if words != ["same speed"] else "no (noise)"
+
 
 def summarize(combos: list[Combination], records: list[RunRecord],
               plan: AblationPlan) -> list[Row]:
@@ -72,9 +94,11 @@ def summarize(combos: list[Combination], records: list[RunRecord],
         mine = sorted((r for r in records if r.combination == combo.name), key=lambda r: r.repeat)
         n_ok = sum(r.ok for r in mine)
         status = "ok" if n_ok == len(mine) else f"{n_ok}/{len(mine)} ok" if n_ok else "failed"
-        speedups = [base[r.repeat].steady_epoch_s / r.steady_epoch_s
-                    for r in mine if r.ok and r.repeat in base]
-        rows.append(Row(combo, status, mine, speedups))
+        paired = [(base[r.repeat], r) for r in mine if r.ok and r.repeat in base]
+        speedups = [b.steady_epoch_s / r.steady_epoch_s for b, r in paired]
+        acc_diffs = [r.val_accuracy - b.val_accuracy for b, r in paired
+                     if not math.isnan(r.val_accuracy - b.val_accuracy)]
+        rows.append(Row(combo, status, mine, speedups, acc_diffs))
     return rows
 
 
@@ -91,6 +115,15 @@ def _speedup_cell(row: Row) -> str:
     if math.isnan(med):
         return "failed" if row.status == "failed" else f"{MISSING} (no baseline)"
     return f"{med:.2f}x ({lo:.2f}–{hi:.2f})"
+
+
+def _interval_cells(row: Row) -> list[str]:
+    """The speed-up's and the accuracy difference's 95% intervals, and what they exclude."""
+    speed, accuracy = row.intervals()
+    speed_cell = f"[{speed.low:.2f}, {speed.high:.2f}]" if speed else MISSING
+    acc_cell = (f"{100 * accuracy.mean:+.1f} pp [{100 * accuracy.low:+.1f}, "
+                f"{100 * accuracy.high:+.1f}]" if accuracy else MISSING)
+    return [speed_cell, acc_cell, row.beyond_noise]
 
 
 def target_name(target: dict) -> str:
@@ -112,7 +145,8 @@ def _target_cell(row: Row) -> str:
 def markdown_table(rows: list[Row], plan: AblationPlan) -> str:
     target = [f"s to {target_name(plan.target)} (min–max)"] if plan.target else []
     head = ["combination", *plan.techniques, "status", "steady s/epoch (min–max)", *target,
-            "speed-up (min–max)", "1st epoch s", "img/s", "peak MB", "val acc", "note"]
+            "speed-up (min–max)", "speed-up 95% CI", "val acc vs baseline (95% CI)",
+            "beyond noise", "1st epoch s", "img/s", "peak MB", "val acc", "note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         lo, hi = row.spread("steady_epoch_s")
@@ -120,7 +154,7 @@ def markdown_table(rows: list[Row], plan: AblationPlan) -> str:
                   if row.ok else MISSING)
         cells = [row.combo.name, *(_technique_cell(row, t, plan) for t in plan.techniques),
                  row.short_status, steady, *([_target_cell(row)] if target else []),
-                 _speedup_cell(row),
+                 _speedup_cell(row), *_interval_cells(row),
                  fmt(row.median("first_epoch_s"), 2), fmt(row.median("throughput"), 0),
                  fmt(row.median("peak_memory_mb"), 0), fmt(row.median("val_accuracy"), 3),
                  row.note.replace("|", "/")]
@@ -132,7 +166,8 @@ CSV_FIELDS = ("combination", "status", "runs_ok", "repeats", "steady_epoch_s_med
               "steady_epoch_s_min", "steady_epoch_s_max", "speedup_median", "speedup_min",
               "speedup_max", "first_epoch_s_median", "warmup_s_median", "throughput_median",
               "peak_memory_mb_median", "val_accuracy_median", "time_to_target_s_median",
-              "epochs_to_target_median", "note")
+              "epochs_to_target_median", "speedup_ci_low", "speedup_ci_high",
+              "acc_diff_mean", "acc_diff_ci_low", "acc_diff_ci_high", "beyond_noise", "note")
 
 
 def csv_table(rows: list[Row], plan: AblationPlan) -> str:
@@ -149,9 +184,17 @@ def csv_table(rows: list[Row], plan: AblationPlan) -> str:
             row.median("steady_epoch_s"), lo, hi, med, s_lo, s_hi, row.median("first_epoch_s"),
             statistics.median(warmups) if warmups else math.nan, row.median("throughput"),
             row.median("peak_memory_mb"), row.median("val_accuracy"),
-            row.median("time_to_target_s"), row.median("epochs_to_target"), row.note,
+            row.median("time_to_target_s"), row.median("epochs_to_target"),
+            *_interval_values(row), row.beyond_noise, row.note,
         ])
     return out.getvalue()
+
+
+def _interval_values(row: Row) -> list[float]:
+    speed, accuracy = row.intervals()
+    nan = math.nan
+    return [speed.low if speed else nan, speed.high if speed else nan,
+            *((accuracy.mean, accuracy.low, accuracy.high) if accuracy else (nan, nan, nan))]
 
 
 RUN_FIELDS = ("combination", "repeat", "run_id", "ok", "error", "epochs", "first_epoch_s",
@@ -221,7 +264,9 @@ def describe_plan(cfg: Config, plan: AblationPlan, repeats: int, device_name: st
         lines.append(f"time to target = training seconds (evaluation excluded) until the first "
                      f"epoch with {target_name(plan.target)}; median over the runs reaching it")
     lines.append("steady s/epoch = median over epochs 2.. (epoch 1 apart: warm-up, compile); "
-                 "speed-up = baseline / combination, paired by repeat; spread = min–max")
+                 "speed-up = baseline / combination, paired by repeat; spread = min–max; 95% CI = "
+                 "bootstrap interval of the mean over repeats (scipy); beyond noise = what "
+                 "the intervals exclude (a speed-up of 1, no accuracy change)")
     if cfg.train.epochs < 2:
         lines.append("train.epochs=1: no steady state; the times include warm-up (use >= 2)")
     lines.append(f"load average at start: {load_average()} (other processes share the CPU)")

@@ -74,10 +74,22 @@ def summarise(trials: list[int], values: np.ndarray, maximize: bool) -> Summary:
 
 def difference(summary: Summary, i: int, j: int) -> Interval:
     """Trial i minus trial j, paired by seed, signed so that > 0 means i is better."""
-    a, b = summary.sign() * summary.values[i], summary.sign() * summary.values[j]
-    result = _bootstrap((a, b), lambda x, y, axis=-1: np.mean(x - y, axis=axis))
-    ci = result.confidence_interval
+    return paired_difference(summary.sign() * summary.values[i],
+                             summary.sign() * summary.values[j])
+
+
+def paired_difference(a, b) -> Interval:
+    """The mean of a - b with its interval, resampling the pairs (a[i], b[i]) together."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    ci = _bootstrap((a, b), lambda x, y, axis=-1: np.mean(x - y, axis=axis)).confidence_interval
     return Interval(float(np.mean(a - b)), float(ci.low), float(ci.high))
+
+
+def mean_interval(values) -> Interval:
+    """The mean of `values` with its interval."""
+    values = np.asarray(values, dtype=float)
+    ci = _bootstrap((values,), np.mean).confidence_interval
+    return Interval(float(values.mean()), float(ci.low), float(ci.high))
 
 
 def indistinct(summary: Summary) -> list[int]:
