@@ -72,12 +72,14 @@ def _transforms(train: bool, size: int, native: int, mean, std, augment: bool):
 class TensorImages(Dataset):
     """Decoded uint8 images held in memory ([N, C, H, W]) with a per-sample transform. The
     transform's parts are kept too (side, normalisation, crop padding: 0 = no augmentation), for
-    `accel.resident`, which applies them a batch at a time on the device."""
+    `accel.resident`, which applies them a batch at a time on the device. `source` is the
+    dataset the images were decoded from (its files or arrays: accel.tracking.lineage)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform, *, size: int,
-                 mean, std, pad: int):
+                 mean, std, pad: int, source=None):
         self.images, self.labels, self.transform = images, labels, transform
         self.size, self.mean, self.std, self.pad = size, mean, std, pad
+        self.source = source
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -88,7 +90,8 @@ class TensorImages(Dataset):
 
 @functools.lru_cache(maxsize=4)
 def _decode_all(kind: str, root: str, split: str, mode: str = "RGB"):
-    """Decode a split once per process ([N, C, H, W] uint8); ablations and studies reuse it."""
+    """Decode a split once per process ([N, C, H, W] uint8, labels, the dataset decoded);
+    ablations and studies reuse it."""
     ds = _raw_dataset(kind, root, split, transform=None, mode=mode)
     if hasattr(ds, "data"):  # CIFAR ships a decoded uint8 array [N, H, W, C]
         images = torch.from_numpy(ds.data)
@@ -100,7 +103,7 @@ def _decode_all(kind: str, root: str, split: str, mode: str = "RGB"):
                 f"data.in_memory=true needs images of one size; {root}/{split} mixes sizes"
             )
         images = torch.stack(decoded)
-    return images.permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets)
+    return images.permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets), ds
 
 
 def _raw_dataset(kind: str, root: str, split: str, transform, download: bool = False,
@@ -167,9 +170,10 @@ def _image_splits(cfg: Config, size_default: int):
     def build(split: str, train: bool):
         tf = _transforms(train, size, native, mean, std, d.augment)
         if d.in_memory or d.on_device:
-            images, labels = _decode_all(kind, root, split, mode)
+            images, labels, source = _decode_all(kind, root, split, mode)
             pad = size // 8 if train and d.augment else 0
-            return TensorImages(images, labels, tf, size=size, mean=mean, std=std, pad=pad)
+            return TensorImages(images, labels, tf, size=size, mean=mean, std=std, pad=pad,
+                                source=source)
         return _raw_dataset(kind, root, split, transform=tf, mode=mode)
 
     if has_val:
@@ -237,6 +241,7 @@ def _digits(cfg: Config):
     if cfg.data.train_limit:
         train_idx = train_idx[: cfg.data.train_limit]
     full = TensorDataset(x, y)
+    full.source = TensorDataset(torch.from_numpy(images), y)  # as shipped (lineage digests)
     classes = [str(c) for c in range(10)]
     return Subset(full, train_idx), Subset(full, val_idx), None, classes, 1, size
 

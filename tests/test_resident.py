@@ -49,15 +49,29 @@ def one_pass(loader) -> Counter:
     return out
 
 
+def every_sample(ds) -> Counter:
+    """(pixels, label) of every sample of a split, one by one: no batches, nothing dropped."""
+    return one_pass((x[None], torch.tensor([y])) for x, y in ds)
+
+
 @pytest.mark.parametrize("split", ["train", "val", "test"])
 def test_a_pass_holds_the_same_images_and_labels_as_the_dataloader(folder, split):
-    loaders = build_data(image_cfg(folder, "data.augment=false", "data.in_memory=true"), CPU)
-    resident = build_data(image_cfg(folder, "data.augment=false", "data.on_device=true"), CPU)
-    want, got = one_pass(getattr(loaders, split)), one_pass(getattr(resident, split))
+    """Against the DataLoader that decodes the files. 27 training images in batches of 8: a pass
+    drops 3 (drop_last), each way its own 3, so a training pass holds 24 of the split's images,
+    each once; val and test passes hold the whole split."""
+    files = build_data(image_cfg(folder, "data.augment=false", "train.batch_size=8"), CPU)
+    resident = build_data(image_cfg(folder, "data.augment=false", "data.on_device=true",
+                                    "train.batch_size=8"), CPU)
     assert isinstance(getattr(resident, split), ResidentLoader)
-    assert got == want
-    expected = {"train": 27, "val": 9, "test": 6}[split]  # 36 train images, 25% held out
-    assert sum(got.values()) == expected  # 27 = 3 full batches of 9: nothing dropped
+    whole = every_sample(getattr(files, split).dataset)
+    want, got = one_pass(getattr(files, split)), one_pass(getattr(resident, split))
+    assert sum(whole.values()) == {"train": 27, "val": 9, "test": 6}[split]  # 25% held out
+    assert len(whole) == sum(whole.values())  # random pixels: every image differs
+    if split == "train":
+        assert sum(got.values()) == sum(want.values()) == 24
+        assert got <= whole and want <= whole  # each image at most once, none from elsewhere
+    else:
+        assert got == want == whole
 
 
 def test_training_batches_are_shuffled_and_seeded(folder):

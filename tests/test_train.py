@@ -243,11 +243,30 @@ def _inputs(store: str, experiment: str) -> dict[str, tuple[str, str, dict]]:
             for i in run.inputs.dataset_inputs}
 
 
-def test_every_run_logs_which_data_it_saw(tiny_overrides, store, tiny_imagefolder):
+HELD = {"dataloader": [], "in_memory": ["data.in_memory=true"],
+        "on_device": ["data.on_device=true"]}  # the three ways a run holds its images
+
+
+def inverted_copy(src: Path, dst: Path) -> Path:
+    """The same tree (names, file sizes, labels) with every pixel inverted: other images."""
+    import numpy as np
+    from PIL import Image
+
+    for path in sorted(src.rglob("*.png")):
+        out = dst / path.relative_to(src)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(255 - np.asarray(Image.open(path))).save(out)
+    return dst
+
+
+def test_every_run_logs_which_data_it_saw(tiny_overrides, store, tiny_imagefolder, tmp_path):
     """One MLflow dataset input per split, with its context, size, classes and a digest of the
-    very samples: the same data gives the same digest, another split or folder another one."""
+    very samples: the same data gives the same digest whichever way it is held (read from files,
+    in memory, on the device); another split, or a folder of the same layout with other pixels,
+    another one."""
     def run(experiment: str, *extra: str):
         cfg = config.load(None, [*tiny_overrides, "train.epochs=1", f"tracking.uri={store}",
+                                 "tracking.system_metrics=false",
                                  f"tracking.experiment={experiment}", *extra])
         train(cfg)
         return _inputs(store, experiment)
@@ -259,10 +278,20 @@ def test_every_run_logs_which_data_it_saw(tiny_overrides, store, tiny_imagefolde
     assert again == a
     assert other["digits-val"][1] != a["digits-val"][1]
 
-    folder = ["data.dataset=imagefolder", f"data.root={tiny_imagefolder}", "model.img_size=32"]
-    images = run("folder", *folder)
-    assert set(images) == {"imagefolder-train", "imagefolder-val", "imagefolder-test"}
-    assert images["imagefolder-test"][0] == "testing"
+    def digests(root: Path, held: str) -> dict[str, str]:
+        inputs = run(f"{root.name}-{held}", "data.dataset=imagefolder", f"data.root={root}",
+                     "model.img_size=32", "train.epoch_length=1", *HELD[held])
+        assert inputs["imagefolder-test"][0] == "testing"
+        return {name: digest for name, (_, digest, _) in inputs.items()}
+
+    inverted = inverted_copy(tiny_imagefolder, tmp_path / "inverted")
+    ours = {held: digests(tiny_imagefolder, held) for held in HELD}
+    theirs = {held: digests(inverted, held) for held in HELD}
+    assert set(ours["dataloader"]) == {"imagefolder-train", "imagefolder-val", "imagefolder-test"}
+    assert ours["in_memory"] == ours["dataloader"] == ours["on_device"]
+    assert theirs["in_memory"] == theirs["dataloader"] == theirs["on_device"]
+    for split, digest in ours["dataloader"].items():
+        assert theirs["dataloader"][split] != digest, split
 
 
 def test_system_metrics_are_sampled_while_a_run_trains(tiny_overrides, store, monkeypatch):
