@@ -238,3 +238,20 @@ def test_dashboard_needs_its_extra_and_an_existing_study(tmp_path, monkeypatch, 
     assert main(["dashboard", "--storage", str(tmp_path / "optuna.journal")]) == 2
     assert capsys.readouterr().err.strip().startswith(
         f"accel: error: no Optuna storage at {tmp_path / 'optuna.journal'}")
+
+
+QUICKSTART = str(ROOT / "experiments" / "quickstart.yaml")
+
+
+@pytest.mark.parametrize("command", [["train", QUICKSTART, *TINY_OVERRIDES],
+                                     ["tune", QUICKSTART, "--study", "s"], ["ui"],
+                                     ["reproduce", "0123abcd"]], ids=lambda c: c[0])
+def test_a_file_store_is_refused_in_one_line_naming_the_stores_that_work(tmp_path, command):
+    """MLflow 3 no longer writes to `file:` stores (its "maintenance mode" error)."""
+    store = (tmp_path / "mlruns").as_uri()
+    proc = run_cli(*command, "--tracking-uri", store, cwd=tmp_path)  # default storage: here
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    for text in (store, "sqlite:///", "postgresql://", "http"):
+        assert text in lines[0]
+    assert not (tmp_path / "mlruns").exists()

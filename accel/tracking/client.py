@@ -30,16 +30,12 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = resolve_uri(uri)
+        check_supported(self.uri)
         db = sqlite_path(self.uri)
         if db is not None:
             db.parent.mkdir(parents=True, exist_ok=True)
             # Artifacts sit beside the database: sqlite:///mlruns/mlflow.db -> mlruns/artifacts.
             self.artifact_root: str | None = (db.parent.resolve() / "artifacts").as_uri()
-        elif "://" not in self.uri and not self.uri.startswith("file:"):
-            raise ConfigError(
-                f"--tracking-uri {redact(self.uri)!r} is not a supported store: use "
-                "sqlite:///path.db, postgresql://..., or http(s)://host:port"
-            )
         else:
             self.artifact_root = None  # a server or database decides where artifacts go
         self.client = MlflowClient(tracking_uri=with_driver(self.uri))
@@ -116,6 +112,17 @@ class Tracker:
     def end_run(self, run_id: str, status: str) -> None:
         """status: FINISHED, FAILED or KILLED."""
         self.client.set_terminated(run_id, status=status)
+
+
+def check_supported(uri: str) -> None:
+    """A store MLflow 3 writes to, or one clear line. A `file:` URI or a plain folder is MLflow's
+    file store, which MLflow 3 refuses with a traceback ("maintenance mode")."""
+    if uri.startswith("file:") or "://" not in uri:
+        raise ConfigError(
+            f"--tracking-uri {redact(uri)!r} is not a supported store (MLflow 3 no longer writes "
+            "to file stores): use sqlite:///path.db, postgresql://..., or http(s)://host:port; "
+            "`mlflow migrate-filestore` converts a file store"
+        )
 
 
 def _param_value(value: Any) -> str:

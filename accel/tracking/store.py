@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from accel.errors import ConfigError, one_line
-from accel.tracking.client import Tracker
+from accel.tracking.client import Tracker, check_supported
 from accel.uris import DEFAULT_URI, redact, resolve_uri, sqlite_path
 
 SIBLING_SUFFIX = "-reproduced"
@@ -19,7 +19,9 @@ PROBE_TIMEOUT_S = 10.0
 
 
 def check_reachable(uri: str) -> None:
-    """An MLflow server that does not answer fails now, in seconds, with one redacted line."""
+    """A store MLflow cannot use, or a server that does not answer, fails now, in seconds, with
+    one redacted line (before a study or a run is made)."""
+    check_supported(uri)
     if uri.startswith(("http://", "https://")):
         _probe_server(uri)
 
