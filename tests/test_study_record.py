@@ -108,3 +108,35 @@ def test_a_retried_two_objective_trial_carries_on_and_completes(tmp_path):
     assert sorted(steps) == [1, 2, 3, 4]  # every epoch once: the dead trial's, then its own
     assert retry.values[0] == run.data.metrics["best_val_accuracy"]
     assert client(store).get_run(dead_run).info.status == "FAILED"
+
+
+# --- 6: each trial's own peak memory --------------------------------------------------------
+
+
+def test_a_small_trial_after_a_big_one_reports_its_own_peak_memory(tmp_path):
+    """Two trials in one process, the big batch first, against the small one alone in its own
+    process: on CPU the peak is the resident high-water mark, which must start again with every
+    run (less the freed memory the allocator still holds: tens of MB)."""
+    big, small = 1024, 8
+    exp = experiment(tmp_path, "mem", metric="val_loss", direction="minimize",
+                     space={"train.batch_size": {"type": "categorical", "choices": [small, big]}},
+                     enqueue=[{"train.batch_size": big}, {"train.batch_size": small}])
+    data = yaml.safe_load(exp.read_text())
+    data["model"]["img_size"] = 64  # a batch of 1024 needs about 1 GB more than one of 8
+    data["train"].update(epochs=1, epoch_length=1)
+    exp.write_text(yaml.safe_dump(data))
+    store = new_store(tmp_path)
+    out = run_cli("tune", str(exp), "--study", "mem", "--n-trials", "2", "--tracking-uri", store,
+                  "--storage", str(tmp_path / "optuna.journal"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    peak = {int(r.data.params["train.batch_size"]): r.data.metrics["peak_memory_mb"]
+            for r in trial_runs(store)}
+    assert set(peak) == {big, small}
+    out = run_cli("train", str(exp), f"train.batch_size={small}", "--tracking-uri", store,
+                  "--experiment", "alone")
+    assert out.returncode == 0, out.stderr[-3000:]
+    [alone] = client(store).search_runs([client(store).get_experiment_by_name("alone")
+                                         .experiment_id])
+    alone = alone.data.metrics["peak_memory_mb"]
+    assert peak[big] - alone > 500, (peak, alone)  # the two really differ
+    assert peak[small] - alone < (peak[big] - alone) / 3, (peak, alone)  # its own peak

@@ -72,6 +72,7 @@ def train(
     from accel.tracking import scratch_dir
 
     started = time.perf_counter()
+    _reset_peak_memory(cfg.train.device)
     parts = build(cfg)
     if resume is not None:
         restore(parts, resume.state)
@@ -100,6 +101,29 @@ def train(
             run.end(status, error)
     return Result(run.run_id, final, parts.history, len(parts.history),
                   time.perf_counter() - started, best)
+
+
+def _reset_peak_memory(device_name: str) -> None:
+    """`peak_memory_mb` is this run's own peak, not the process's so far: a study runs many
+    trials in one process. On CPU it is the resident high-water mark (getrusage's ru_maxrss),
+    which Linux starts again from the current size when "5" is written to clear_refs; where
+    that file is missing (not Linux) the peak stays the process's."""
+    import contextlib
+    import ctypes
+    import gc
+
+    import torch
+
+    from accel.engine import resolve_device
+
+    device = resolve_device(device_name)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    gc.collect()  # an earlier trial's tensors, and the heap pages they held, go back first
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed pages otherwise
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
 
 
 def _stop_errors(trial: Any) -> tuple[type[BaseException], ...]:
