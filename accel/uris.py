@@ -1,8 +1,8 @@
 """Store URLs: the default MLflow and Optuna stores, SQLite paths, and hiding passwords.
 
-A storage or tracking URL may hold a password (`postgresql://user:pw@host/db`). It is never
-printed or logged as given: `redact` is applied to every URL that reaches a message, a tag or a
-param.
+A storage or tracking URL may hold a password (`postgresql://user:pw@host/db`, `://:pw@host`,
+`?password=pw`). It is never printed or logged as given: `redact` is applied to every URL that
+reaches a message, a tag or a param.
 """
 
 from __future__ import annotations
@@ -21,9 +21,18 @@ def resolve_uri(uri: str | None = None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
+# `scheme://user:pw@host` and `scheme://:pw@host` (the user may be empty); no whitespace, so that
+# in a message the match never runs past the URL.
+_USERINFO = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+# `?password=pw` / `&password=pw`: libpq, SQLAlchemy and psycopg take the password as a query
+# parameter too; so do some servers' tokens.
+_QUERY = re.compile(r"([?&;](?:password|passwd|pwd|secret|token|access_token|api_key)=)[^&#\s]*",
+                    re.IGNORECASE)
+
+
 def redact(uri: str) -> str:
-    """The URI with any password replaced, for messages and logs."""
-    return re.sub(r"(://[^:/@]+:)[^@]+@", r"\1***@", uri)
+    """The URI (or a message holding one) with any password replaced, for messages and logs."""
+    return _QUERY.sub(r"\1***", _USERINFO.sub(r"\1***@", uri))
 
 
 def sqlite_path(uri: str) -> Path | None:

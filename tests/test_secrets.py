@@ -96,7 +96,8 @@ def everything_optuna_holds(storage: str) -> list[str]:
 
 def test_a_planted_password_is_never_shown_or_kept(tmp_path, postgres_databases):
     uri = f"postgresql://postgres:{PASSWORD}@127.0.0.1:5432/{postgres_databases()}"
-    storage = f"postgresql://postgres:{PASSWORD}@127.0.0.1:5432/{postgres_databases()}"
+    # The storage's password as a query parameter, as libpq also takes it.
+    storage = f"postgresql://postgres@127.0.0.1:5432/{postgres_databases()}?password={PASSWORD}"
     exp = tmp_path / "pw.yaml"
     exp.write_text(yaml.safe_dump({"name": "pw", "search": {"pruner": "none", "space": {
         "train.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}}}}))
@@ -118,6 +119,7 @@ def test_a_planted_password_is_never_shown_or_kept(tmp_path, postgres_databases)
     ok("reproduce", run_id, "--tracking-uri", uri)
     ok("ablate", str(exp), *tiny, "--techniques", "ga", "--repeats", "1", "--tracking-uri", uri)
     assert "postgres:***@127.0.0.1" in "".join(shown)  # it is named, redacted
+    assert "?password=***" in "".join(shown)
 
     places = {
         "stdout/stderr": shown,
@@ -131,15 +133,31 @@ def test_a_planted_password_is_never_shown_or_kept(tmp_path, postgres_databases)
         assert not [t for t in texts if PASSWORD in t], f"the password leaked into {place}"
 
 
-@pytest.mark.parametrize("flag", ["--tracking-uri", "--storage"])
-def test_an_unreachable_store_fails_fast_with_one_redacted_line(tmp_path, flag):
-    url = f"postgresql://someone:{PASSWORD}@127.0.0.1:1/nowhere"
-    if flag == "--tracking-uri":
-        url = f"http://someone:{PASSWORD}@127.0.0.1:1"
+# Each way a URL carries a password, and what is shown in its place.
+UNREACHABLE = {
+    "server, user:password@": ("--tracking-uri", f"http://someone:{PASSWORD}@127.0.0.1:1",
+                               "someone:***@127.0.0.1"),
+    "server, :password@": ("--tracking-uri", f"http://:{PASSWORD}@127.0.0.1:1", "//:***@127.0.0.1"),
+    "storage, user:password@": ("--storage", f"postgresql://someone:{PASSWORD}@127.0.0.1:1/nowhere",
+                                "someone:***@127.0.0.1"),
+    "storage, :password@": ("--storage", f"postgresql://:{PASSWORD}@127.0.0.1:1/nowhere",
+                            "//:***@127.0.0.1"),
+    "storage, ?password=": ("--storage",
+                            f"postgresql://someone@127.0.0.1:1/nowhere?password={PASSWORD}",
+                            "nowhere?password=***"),
+    "storage, &password=": ("--storage", f"postgresql://someone@127.0.0.1:1/nowhere?"
+                            f"sslmode=disable&password={PASSWORD}&connect_timeout=5",
+                            "&password=***&connect_timeout=5"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREACHABLE))
+def test_an_unreachable_store_fails_fast_with_one_redacted_line(tmp_path, case):
+    flag, url, shown = UNREACHABLE[case]
     started = time.time()
     proc = accel(ROOT, "tune", "--study", "down", flag, url, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert time.time() - started < 30  # interpreter start-up included; the probe waits <= 10 s
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "someone:***@127.0.0.1" in lines[0], proc.stderr[-2000:]
+    assert len(lines) == 1 and shown in lines[0], proc.stderr[-2000:]
     assert PASSWORD not in proc.stderr + proc.stdout
