@@ -105,11 +105,13 @@ def test_the_intervals_are_scipys_bootstrap_of_the_logged_values(study):
     rows = list(csv.DictReader(io.StringIO(Path(path).read_text())))
     by_trial: dict[str, list[float]] = {}
     for row in sorted(rows, key=lambda r: int(r["seed"])):
-        by_trial.setdefault(row["trial"], []).append(float(row["value"]))
+        by_trial.setdefault(row["trial"], []).append(float(row["val_accuracy"]))
     # each logged value is the rerun run's own best_val_accuracy
     logged = {(r.data.tags["accel.verify.trial"], r.data.tags["accel.verify.seed"]):
               r.data.metrics["best_val_accuracy"] for r in reruns(flags)}
-    assert sorted(float(r["value"]) for r in rows) == sorted(logged.values())
+    assert sorted(float(r["val_accuracy"]) for r in rows) == sorted(logged.values())
+    assert all(r.data.metrics["verify_val_accuracy"] == r.data.metrics["best_val_accuracy"]
+               for r in reruns(flags))
     data = tuple(np.array(by_trial[t]) for t in ("0", "1", "2"))
     direct = bootstrap(data, lambda *xs, axis=-1: np.stack([x.mean(axis=axis) for x in xs]),
                        paired=True, vectorized=True, n_resamples=9999, method="percentile",
@@ -167,3 +169,46 @@ def test_sigterm_during_verify_leaves_nothing_running(study):
     statuses = [r.info.status for r in reruns(flags)]
     assert "RUNNING" not in statuses and "KILLED" in statuses
     assert verify_run(flags).info.status == "KILLED"
+
+
+TWO_OBJECTIVES = STUDY_YAML.replace("name: vstudy", "name: vfront").replace(
+    "  metric: val_accuracy\n  direction: maximize\n",
+    "  objectives:\n    - {metric: val_accuracy, direction: maximize}\n"
+    "    - {metric: val_loss, direction: minimize}\n").replace(
+    "    - {train.lr: 0.01}\n    - {train.lr: 0.01}\n",
+    "    - {train.lr: 0.01}\n    - {train.lr: 0.002}\n")
+
+
+def test_a_front_gets_an_interval_per_objective_and_its_chance_to_stay_non_dominated(tmp_path):
+    from scipy.stats import bootstrap
+
+    from accel.verify.stats import non_dominated
+
+    (tmp_path / "front.yaml").write_text(TWO_OBJECTIVES)
+    flags = ["--storage", str(tmp_path / "optuna.journal"), "--tracking-uri", new_store(tmp_path)]
+    code, _, err = cli_main("tune", str(tmp_path / "front.yaml"), "--n-trials", "3", *flags)
+    assert code == 0, err
+    code, out, err = cli_main("verify", "--study", "vfront", "--seeds", "3", *flags)
+    assert code == 0, err
+    c = client(flags)
+    (run,) = c.search_runs([c.get_experiment_by_name("vfront").experiment_id],
+                           "tags.`accel.role` = 'verify'")
+    path = c.download_artifacts(run.info.run_id, "verify.csv", str(tmp_path))
+    rows = list(csv.DictReader(io.StringIO(Path(path).read_text())))
+    trials = sorted({r["trial"] for r in rows}, key=int)
+    assert "2" in trials  # the baseline, lr 1e-6, is rerun beside the front
+    values = np.array([[[float(r[m]) for r in sorted(rows, key=lambda r: int(r["seed"]))
+                         if r["trial"] == t] for m in ("val_accuracy", "val_loss")]
+                       for t in trials])
+    direct = bootstrap(tuple(values.reshape(len(trials) * 2, -1)),
+                       lambda *xs, axis=-1: np.stack([x.mean(axis=axis) for x in xs]),
+                       paired=True, vectorized=True, n_resamples=9999, method="percentile",
+                       rng=np.random.default_rng(0)).bootstrap_distribution
+    means = direct.reshape(len(trials), 2, -1)
+    p = np.mean([non_dominated(means[:, :, b], [True, False]) for b in range(means.shape[2])],
+                axis=0)
+    lines = {line.split()[0]: line for line in out.splitlines()[1:-1]}
+    for t, expected in zip(trials, p, strict=True):
+        assert lines[t].endswith(f"{expected:.2f}"), (lines[t], expected)
+    assert p[trials.index("2")] == 0.0  # learns nothing: dominated in every resample
+    assert out.splitlines()[-1].startswith("stay on the front over seeds (p >= 0.5): trials")

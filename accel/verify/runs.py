@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from accel.config import Config
 from accel.console import note, progress
 from accel.signals import handle_stops
-from accel.tracking import retry_locked
+from accel.tracking import retry_locked, tracker_for
 from accel.tune import tracking as st
 
 ROLE = "verify"
@@ -29,11 +29,12 @@ ATTR_BASELINE = "accel.baseline"  # user attr of the trial that ran the file's o
 
 @dataclass
 class Candidate:
-    """A trial to rerun: its number, its tuning value and the config its run logged."""
+    """A trial to rerun: its number, its tuning values (one per objective) and the config its
+    run logged."""
 
     number: int
     run_id: str
-    value: float
+    values: list[float]
     baseline: bool
     config: Config
 
@@ -42,24 +43,35 @@ class Candidate:
 class Rerun:
     number: int
     seed: int
-    value: float
+    values: list[float]  # one per objective
     run_id: str
+
+
+def metric_key(name: str) -> str:
+    """The metric a rerun logs its objective value under (the best epoch's, or the run's cost,
+    as the study counted it)."""
+    return f"verify_{name}"
 
 
 def ranked(study) -> list:
     """COMPLETE trials of this study (not copies of another study's), best first."""
     from optuna.study import StudyDirection
 
-    trials = [t for t in study.get_trials(deepcopy=False, states=st.complete_states())
-              if st.ATTR_COPIED not in t.user_attrs]
+    trials = study.get_trials(deepcopy=False, states=st.complete_states())
     maximize = study.direction == StudyDirection.MAXIMIZE
     return sorted(trials, key=lambda t: (-t.value if maximize else t.value, t.number))
 
 
 def choose(study, top: int) -> list:
-    """The top `top` trials, then the baseline trial when it is not among them."""
-    trials = ranked(study)
-    chosen = trials[:top]
+    """The top `top` trials (a multi-objective study: its Pareto front), then the baseline
+    trial when it is not among them."""
+    from accel.tune.pareto import front, is_multi
+
+    trials = ranked(study) if not is_multi(study) else sorted(
+        study.get_trials(deepcopy=False, states=st.complete_states()), key=lambda t: t.number)
+    trials = [t for t in trials if st.ATTR_COPIED not in t.user_attrs]
+    chosen = trials[:top] if not is_multi(study) else [
+        t for t in front(study) if st.ATTR_COPIED not in t.user_attrs]
     baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)), None)
     if baseline is not None and baseline not in chosen:
         chosen.append(baseline)
@@ -91,16 +103,17 @@ def verification_run(tracker, study: str, study_run: str | None, params: dict) -
     return run_id
 
 
-def finished_reruns(tracker, study: str, run_id: str, metric: str) -> dict[tuple[int, int], Rerun]:
+def finished_reruns(tracker, study: str, run_id: str,
+                    names: list[str]) -> dict[tuple[int, int], Rerun]:
     """The reruns of this verification that finished: (trial, seed) -> Rerun."""
     runs = st.search_runs(tracker, study, f"tags.`{TAG_RUN}` = '{run_id}' AND "
                                           "attributes.status = 'FINISHED'")
     done = {}
     for r in runs:
-        value = r.data.metrics.get(f"best_{metric}")
-        if value is not None:
+        values = [r.data.metrics.get(metric_key(name)) for name in names]
+        if None not in values:
             key = (int(r.data.tags[TAG_TRIAL]), int(r.data.tags[TAG_SEED]))
-            done[key] = Rerun(*key, value, r.info.run_id)
+            done[key] = Rerun(*key, values, r.info.run_id)
     return done
 
 
@@ -112,7 +125,7 @@ class Job:
     seed: int
     study: str
     verify_run: str
-    metric: str
+    objectives: list[tuple[str, str]]  # (metric, direction), as the study counts them
     uri: str
 
 
@@ -120,6 +133,7 @@ def run_one(job: Job) -> Rerun:
     """Train the trial's logged config with a fresh seed, as a child of the verification run."""
     from accel.reproduce import point_at
     from accel.train import train
+    from accel.tune.objective import objective_values
 
     c = job.candidate
     cfg = copy.deepcopy(c.config)
@@ -130,7 +144,16 @@ def run_one(job: Job) -> Rerun:
                    tags={"accel.role": RERUN_ROLE, "accel.study": job.study, TAG_RUN:
                          job.verify_run, TAG_TRIAL: str(c.number), TAG_SEED: str(job.seed),
                          "accel.reproduces": c.run_id})
-    return Rerun(c.number, job.seed, result.best[job.metric], result.run_id)
+    values = objective_values(result, job.objectives)
+    retry_locked(tracker_for(job.uri).log_metrics, result.run_id, {
+        metric_key(name): v for (name, _), v in zip(job.objectives, values, strict=True)}, 0)
+    return Rerun(c.number, job.seed, values, result.run_id)
+
+
+def describe(job: Job, done: Rerun) -> str:
+    shown = " ".join(f"{name}={v:.4g}" for (name, _), v in zip(job.objectives, done.values,
+                                                               strict=True))
+    return f"trial {done.number} seed {done.seed}: {shown}"
 
 
 def run_jobs(jobs: list[Job], workers: int) -> None:
@@ -138,8 +161,7 @@ def run_jobs(jobs: list[Job], workers: int) -> None:
     if workers == 1 or len(jobs) <= 1:
         for i, job in enumerate(jobs, start=1):
             note(f"rerun {i}/{len(jobs)}: trial {job.candidate.number}, train.seed={job.seed}")
-            done = run_one(job)
-            progress(f"trial {done.number} seed {done.seed}: {job.metric}={done.value:.4f}")
+            progress(describe(job, run_one(job)))
         return
     import multiprocessing
 
@@ -176,8 +198,7 @@ def _worker_main(queue, workers: int) -> None:
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
         while (job := queue.get()) is not None:
-            done = run_one(job)
-            progress(f"trial {done.number} seed {done.seed}: {job.metric}={done.value:.4f}")
+            progress(describe(job, run_one(job)))
     except KeyboardInterrupt:
         sys.exit(130)
 

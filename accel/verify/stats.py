@@ -98,3 +98,24 @@ def indistinct(summary: Summary) -> list[int]:
     w = summary.winner
     return [i for i in range(len(summary.trials))
             if i != w and difference(summary, w, i).low <= 0]
+
+
+def non_dominated(means: np.ndarray, maximize: list[bool]) -> np.ndarray:
+    """means[t, m] -> which trials no other trial beats on every objective at once (at least
+    as good on all, better on one)."""
+    signed = means * np.where(maximize, 1.0, -1.0)
+    better_eq = (signed[:, None, :] >= signed[None, :, :]).all(axis=2)  # [u, t]: u >= t on all
+    strictly = (signed[:, None, :] > signed[None, :, :]).any(axis=2)
+    dominated = (better_eq & strictly).any(axis=0)
+    return ~dominated
+
+
+def front_probability(values: np.ndarray, maximize: list[bool]) -> list[float]:
+    """values[t, m, s] -> per trial, the probability that its means over resampled seeds stay
+    non-dominated (seeds resampled together for every trial and objective)."""
+    t, m, _ = values.shape
+    rows = tuple(values.reshape(t * m, -1))
+    distribution = np.atleast_2d(_bootstrap(rows, _means).bootstrap_distribution)
+    means = distribution.reshape(t, m, -1)  # [trial, objective, resample]
+    kept = np.stack([non_dominated(means[:, :, b], maximize) for b in range(means.shape[2])])
+    return [float(p) for p in kept.mean(axis=0)]
