@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from accel.cli import main
 from accel.train import checkpoint
 from tests.conftest import ROOT, TINY_OVERRIDES, new_store, run_cli
 
 # Accumulation with a short last window (10 micro-batches, windows of 4), a warm-up then cosine
-# schedule: every piece of state the resume has to carry matters here.
-RESUMABLE = [*TINY_OVERRIDES, "train.epochs=3", "train.epoch_length=10",
+# schedule; one pass over the 320 training images is 20 batches, so epoch 1 ends inside a pass
+# and epoch 2 at its end (where the sampler draws from its generator once more on the way out):
+# every piece of state the resume has to carry matters here.
+RESUMABLE = [*TINY_OVERRIDES, "train.epochs=3", "train.epoch_length=10", "data.train_limit=320",
              "train.accumulation_steps=4", "train.scheduler=cosine", "train.warmup_epochs=1"]
 # What must match bitwise; the clock's metrics (epoch_time_s, train_throughput, peak memory)
 # cannot.
@@ -57,50 +58,60 @@ def artifacts(store: str, run_id: str) -> list[str]:
     return [f.path for f in client(store).list_artifacts(run_id, "checkpoint")]
 
 
-def stop_after_epoch(monkeypatch, k: int) -> None:
-    """Ctrl-C right after epoch k's checkpoint is written."""
-    from accel.train.run_log import RunLog
+# `accel ARGS` in a process that sends itself SIGTERM right after epoch $STOP_AFTER's checkpoint
+# is written: a stop at a known epoch, through the real signal handling.
+STOP_AFTER_EPOCH = """
+import os, signal, sys
+from accel.train.run_log import RunLog
+real = RunLog.last_state
+def last_state(self, parts):
+    real(self, parts)
+    if parts.trainer.state.epoch == int(os.environ["STOP_AFTER"]):
+        os.kill(os.getpid(), signal.SIGTERM)
+RunLog.last_state = last_state
+from accel.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
 
-    original = RunLog.last_state
 
-    def last_state(self, parts):
-        original(self, parts)
-        if parts.trainer.state.epoch == k:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(RunLog, "last_state", last_state)
+def train_stopped_after(k: int, args: list[str]) -> subprocess.CompletedProcess:
+    """`accel train ARGS` in its own process, stopped by SIGTERM after epoch k."""
+    return subprocess.run([sys.executable, "-c", STOP_AFTER_EPOCH, "train", *args], cwd=ROOT,
+                          env={**os.environ, "STOP_AFTER": str(k)}, capture_output=True,
+                          text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The run never interrupted."""
+    """The run never interrupted, in its own process."""
     tmp = tmp_path_factory.mktemp("reference")
     store = f"sqlite:///{tmp / 'mlflow.db'}"
-    assert main(["train", *RESUMABLE, "--tracking-uri", store]) == 0
+    out = run_cli("train", *RESUMABLE, "--tracking-uri", store)
+    assert out.returncode == 0, out.stderr
     return store, only_run(store), tmp
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one(k, reference, tmp_path,
-                                                                 monkeypatch):
+def test_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one(k, reference, tmp_path):
+    """Three processes, as users run them: the reference, a run stopped by SIGTERM after epoch
+    k (1: inside a pass over the data; 2: at its end), `accel resume` of that run."""
     ref_store, ref_run, ref_tmp = reference
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    with monkeypatch.context() as m:
-        stop_after_epoch(m, k)
-        assert main(["train", *RESUMABLE, "--tracking-uri", store]) == 130
+    stopped = train_stopped_after(k, [*RESUMABLE, "--tracking-uri", store])
+    assert stopped.returncode == 143, stopped.stderr
     run_id = only_run(store)
     assert client(store).get_run(run_id).info.status == "KILLED"
     # Stopped between epoch k's checkpoint and its metrics: the resume logs them.
     assert [s for s, _ in curves(store, run_id)["val_loss"]] == list(range(1, k))
 
-    out = run_cli("resume", run_id, "--tracking-uri", store)  # a fresh process
+    out = run_cli("resume", run_id, "--tracking-uri", store)
     assert out.returncode == 0, out.stderr
     assert f"after epoch {k} of 3" in out.stderr
     run = client(store).get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["accel.resumed_from_epoch"] == str(k)
-    mine = curves(store, run_id)
-    assert mine == curves(ref_store, ref_run)  # each epoch once, the same values
+    mine, ref = curves(store, run_id), curves(ref_store, ref_run)
+    assert mine == ref  # each epoch once, the same values
     assert mine["best_epoch"] == [(3, 3.0)]  # so best.pt holds the final weights
     final, ref = weights(store, run_id, tmp_path), weights(ref_store, ref_run, ref_tmp / str(k))
     assert final.keys() == ref.keys()
@@ -118,6 +129,22 @@ def test_a_finished_run_or_one_without_checkpoint_is_not_resumed(reference, tmp_
         f"(`accel reproduce {ref_run}` trains it again)")
     out = run_cli("resume", "0123456789abcdef", "--tracking-uri", ref_store)
     assert out.returncode == 2 and "no run '0123456789abcdef'" in out.stderr
+
+    # Stopped after an epoch, but it kept no checkpoint: there is nothing to carry on from.
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    stopped = train_stopped_after(1, [*RESUMABLE, "tracking.log_checkpoint=false",
+                                      "--tracking-uri", store])
+    assert stopped.returncode == 143, stopped.stderr
+    run_id = only_run(store)
+    out = run_cli("resume", run_id, "--tracking-uri", store)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"accel: error: run {run_id} has no last-epoch checkpoint (checkpoint/last-a.pt, "
+        "last-b.pt): it stopped before its first epoch ended or ran with "
+        f"tracking.log_checkpoint=false; `accel reproduce {run_id}` trains it from the start")
+    run = client(store).get_run(run_id)
+    assert run.info.status == "KILLED"  # untouched
+    assert [s for s, _ in curves(store, run_id)["val_loss"]] == []
 
 
 # A real process killed (SIGKILL) while it writes epoch 2's checkpoint into an artifact store that

@@ -83,6 +83,8 @@ class Batches:
             self.taken = skip
         for batch in batches:
             self.taken += 1
+            if self.taken == len(self.loader):
+                finish_pass(batches)
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
@@ -95,6 +97,16 @@ class Batches:
             self._skip = state["taken"]
         else:  # at a pass boundary: the next pass starts from the generator as it was
             self.generator.set_state(state["generator"])
+
+
+def finish_pass(batches) -> None:
+    """Run a loader's iterator past its last batch. A sampler may draw from the generator on
+    the way out (torch's RandomSampler draws one more permutation); done here, before the last
+    batch is handed out, that draw lands before the epoch's checkpoint instead of after it, when
+    the trainer asks the next epoch for a batch, and a resumed run starts its next pass from the
+    same generator state as the run that never stopped."""
+    for _ in batches:
+        raise RuntimeError("the train loader handed out more batches than its length")
 
 
 # --- capture and restore ----------------------------------------------------------------------
