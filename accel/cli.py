@@ -96,8 +96,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     import os
     import subprocess
 
+    from accel import console
     from accel.tracking import Tracker
-    from accel.tracking.store import runs_page
+    from accel.tracking.store import ui_pages
 
     tracker = Tracker(args.tracking_uri)  # creates the local store if it is missing
     # The store goes by environment, not argv: a URL's password never shows in `ps`.
@@ -106,11 +107,15 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if tracker.artifact_root:
         cmd += ["--default-artifact-root", tracker.artifact_root]
     base = f"http://127.0.0.1:{args.port}"
+    first, pages = ui_pages(tracker, base)
     print(f"MLflow UI on {base} (Ctrl-C stops it)", file=sys.stderr)
-    for exp in tracker.client.search_experiments(order_by=["last_update_time DESC"],
-                                                 max_results=10):
-        if exp.name != "Default":
-            print(f"  {exp.name}: {runs_page(base, exp.experiment_id)}", file=sys.stderr)
+    # Only a link with workflowType=machine_learning leaves MLflow 3's GenAI view; the browser
+    # then keeps that view.
+    print(f"open first: {first}", file=sys.stderr)
+    for name, page in pages:
+        print(f"  {name}: {page}", file=sys.stderr)
+    if not args.no_browser:
+        console.open_when_serving(base, first)
     return subprocess.call(cmd, env=env)
 
 
@@ -246,6 +251,9 @@ def _run_commands(command) -> None:
     p = command("ui", "open the MLflow UI on the project's store (bound to 127.0.0.1)", cmd_ui,
                 _tracking_arg)
     p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--no-browser", action="store_true",
+                   help="do not open a browser (by default one opens at the model-training view "
+                   "where a display is available)")
 
     p = command("dashboard", "open optuna-dashboard on a study's storage (bound to 127.0.0.1)",
                 cmd_dashboard, _storage_arg)

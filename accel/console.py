@@ -38,6 +38,40 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def browser_available() -> bool:
+    """A browser can be shown, as `jupyter lab` decides: a graphical session, macOS or Windows, or
+    one named in $BROWSER. Over SSH without either, Python's `webbrowser` would start a text
+    browser in the terminal the server runs in."""
+    return (sys.platform in ("darwin", "win32")
+            or any(os.environ.get(name) for name in ("BROWSER", "DISPLAY", "WAYLAND_DISPLAY")))
+
+
+def open_when_serving(base: str, url: str, wait_s: float = 300.0) -> None:
+    """Open `url` in the user's browser once the server at `base` answers, from a background
+    thread (the server runs in the foreground); nothing where no browser can be shown."""
+    import threading
+
+    if browser_available():
+        threading.Thread(target=_open_when_up, args=(base, url, wait_s), daemon=True).start()
+
+
+def _open_when_up(base: str, url: str, wait_s: float) -> None:
+    import time
+    import urllib.request
+    import webbrowser
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{base}/health", timeout=2).close()
+        except OSError:  # not up yet
+            time.sleep(0.5)
+            continue
+        if not webbrowser.open(url):
+            note(f"no browser found; open {url}")
+        return
+
+
 def quiet_libraries(study: bool = False) -> None:
     """Keep library chatter out of accel's own lines. In a study, Optuna logs every trial
     (failures with tracebacks); `accel tune` prints one line per trial instead."""

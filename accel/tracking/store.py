@@ -149,6 +149,17 @@ def runs_page(base_url: str, experiment_id: str) -> str:
             "?workflowType=machine_learning")
 
 
+def ui_pages(tracker: Tracker, base_url: str) -> tuple[str, list[tuple[str, str]]]:
+    """(the page to open first, (name, runs page) of the 10 experiments updated last). First:
+    the newest experiment's runs; with none, the experiments list in the model-training view
+    (MLflow 3 shows its GenAI view unless the link says otherwise)."""
+    found = tracker.client.search_experiments(order_by=["last_update_time DESC"], max_results=10)
+    pages = [(e.name, runs_page(base_url, e.experiment_id)) for e in found if e.name != "Default"]
+    first = pages[0][1] if pages else (f"{base_url.rstrip('/')}/#/experiments"
+                                       "?workflowType=machine_learning")
+    return first, pages
+
+
 def browse_hint(uri: str, experiment_id: str) -> str:
     """Where a person sees the experiment: the tracking server's own page, or `accel ui` on a
     local store and then the page it serves."""
