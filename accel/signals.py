@@ -4,6 +4,7 @@ clean-up (runs ended KILLED, trials FAIL) can finish. The exit code names the si
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -39,6 +40,30 @@ def ignore_stops() -> None:
     """While clean-up runs: a second Ctrl-C or SIGTERM must not interrupt it."""
     for s in STOP_SIGNALS:
         signal.signal(s, _swallow)
+
+
+def _record(signum, frame) -> None:
+    _received.append(signum)
+
+
+@contextlib.contextmanager
+def deferred_stops():
+    """A step that completes or does not start (a study's set-up: study, parent run, first
+    trials): a stop that arrives inside it raises KeyboardInterrupt once the step is done, and
+    later ones are ignored, as with `handle_stops`. Code inside that only waits checks
+    `stop_requested()` and raises KeyboardInterrupt itself."""
+    before = len(_received)
+    previous = {s: signal.signal(s, _record) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        stopped = len(_received) > before
+        if stopped:
+            ignore_stops()  # the clean-up after the step must not be interrupted
+        else:
+            restore(previous)
+    if stopped:
+        raise KeyboardInterrupt
 
 
 def restore(previous: dict) -> None:

@@ -37,6 +37,7 @@ from accel.ablation.report import (
 from accel.config import Config
 from accel.console import progress
 from accel.errors import ConfigError, describe_error
+from accel.signals import deferred_stops
 
 
 def reset_peak_memory(device) -> None:
@@ -101,14 +102,14 @@ def run_ablation(cfg: Config, techniques: tuple[str, ...], repeats: int, *,
     progress(header)
     experiment = cfg.tracking.experiment or cfg.name
 
-    parent, children = None, {}
-    if tracker is not None:
-        parent = _start_parent(tracker, cfg, plan, repeats, experiment, device)
-        children = {c.name: _start_child(tracker, c, cfg, plan, experiment, parent)
-                    for c in combos}
-    status = "FAILED"
-    began = time.perf_counter()
+    parent, children, status = None, {}, "FAILED"
     try:
+        if tracker is not None:
+            with deferred_stops():  # the runs are made whole; a stop then ends them KILLED
+                parent = _start_parent(tracker, cfg, plan, repeats, experiment, device)
+                children = {c.name: _start_child(tracker, c, cfg, plan, experiment, parent)
+                            for c in combos}
+        began = time.perf_counter()
         _warm_data(cfg, device)
         records = _run_all(cfg, plan, schedule(combos, repeats), tracker, experiment, children)
         footer = (f"{len(records)} runs in {time.perf_counter() - began:.0f} s; "
@@ -123,7 +124,7 @@ def run_ablation(cfg: Config, techniques: tuple[str, ...], repeats: int, *,
         status = "KILLED"
         raise
     finally:
-        if tracker is not None:
+        if parent is not None:
             _end_runs(tracker, parent, children, status)
 
 

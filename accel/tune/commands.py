@@ -14,7 +14,7 @@ from accel.tracking import retry_locked, tracker_for
 from accel.tracking.store import browse_hint
 from accel.tune import pareto, warm
 from accel.tune import tracking as st
-from accel.tune.nodes import NodeLease, live_nodes
+from accel.tune.nodes import NodeLease, end_lease, finish_abandoned_parent, live_nodes
 from accel.tune.space import check_search
 from accel.tune.storage import default_storage, is_journal, open_storage
 from accel.tune.study import (
@@ -40,26 +40,16 @@ def cli_tune(args, cfg: Config) -> int:
         raise ConfigError(f"--timeout {args.timeout}: must be > 0 seconds")
     quiet_libraries(study=True)
     warm_start = _check_warm_start(cfg, args)  # bad run ids and studies: before anything
-    study, job = prepare(cfg, args.study or cfg.name, args.storage, args.tracking_uri,
-                         queued=warm_start[0])
-    _warm_start(study, job, warm_start)
-    job.workers = args.workers
-    job.deadline = time.time() + args.timeout if args.timeout else None
-    tracker = tracker_for(job.tracking_uri)
-    orphans = clean_up(study, tracker, None) if is_journal(job.storage) else 0
-    before = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
-    retried = f", {orphans} orphaned marked FAIL and queued again" if orphans else ""
-    progress(f"study {job.study}: {n_trials} trial(s) on {job.workers} worker(s); "
-             f"{before} finished so far{retried}; "
-             f"storage {redact(job.storage)}; MLflow {redact(job.tracking_uri)} "
-             f"(experiment {job.study}, parent run {job.parent_run_id})")
-    previous = signals.handle_stops()
     status, code = "FAILED", 1
-    try:
-        status, code = _run_node(study, job, tracker, n_trials)
+    study, job = _set_up(cfg, args, warm_start)
+    try:  # from the end of set-up on, a stop ends this node's trials and the parent run KILLED
+        code = _run_node(study, job, n_trials)
+        status = "FINISHED" if code == 0 else "FAILED"
+    except KeyboardInterrupt:
+        status, code = "KILLED", signals.exit_code()
     finally:
-        _finish_parent(tracker, study, job, status)
-        signals.restore(previous)
+        signals.ignore_stops()  # let the clean-up finish
+        _finish_parent(tracker_for(job.tracking_uri), study, job, status)
     progress(summary(study, job))
     if status == "KILLED":
         note("interrupted; this run's unfinished trial(s) were marked FAIL (MLflow "
@@ -69,29 +59,52 @@ def cli_tune(args, cfg: Config) -> int:
     return code
 
 
-def _check_warm_start(cfg: Config, args) -> tuple[list, list]:
+def _check_warm_start(cfg: Config, args) -> tuple[list, list, str | None]:
     if args.from_storage and not args.from_study:
         raise ConfigError("--from-storage needs --from-study NAME")
     if not (args.enqueue or args.from_study):
-        return [], []
+        return [], [], None
     dims = check_search(cfg)
     queued = warm.run_values(cfg, dims, tracker_for(resolve_uri(args.tracking_uri
                                                                 or cfg.tracking.uri)),
                              args.enqueue)
     copied = []
     if args.from_study:
-        storage = args.from_storage or args.storage or default_storage()
+        here = args.storage or default_storage()
+        storage = args.from_storage or here
+        warm.check_not_itself(args.study or cfg.name, here, args.from_study, storage)
         copied = warm.trials_of(cfg, dims, args.from_study, open_storage(storage))
-    return queued, copied
+    return queued, copied, args.from_study
 
 
-def _warm_start(study, job: TuneJob, warm_start: tuple[list, list]) -> None:
+def _set_up(cfg: Config, args, warm_start: tuple[list, list, str | None]):
+    """The study, its parent run and its first trials, as one step: a stop that arrives
+    during it is acted on once it is done, so a study is never left half made (the parent
+    run then ends KILLED, the queued trials wait for the next `accel tune`)."""
+    study = job = None
+    try:
+        with signals.deferred_stops():
+            study, job = prepare(cfg, args.study or cfg.name, args.storage, args.tracking_uri,
+                                 queued=warm_start[0])
+            _warm_start(study, job, warm_start)
+            job.workers = args.workers
+            job.deadline = time.time() + args.timeout if args.timeout else None
+            tracker_for(job.tracking_uri)  # made here, where a stop cannot cut it short
+        return study, job
+    except BaseException as e:  # a stop, or a failure after the parent run was opened
+        if job is not None:
+            end_lease(study, job.invocation)
+            _finish_parent(tracker_for(job.tracking_uri), study, job,
+                           "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        raise
+
+
+def _warm_start(study, job: TuneJob, warm_start: tuple[list, list, str | None]) -> None:
     """Queue the runs' values, add the other study's trials; say so, and tag the parent run."""
-    queued, copied = warm_start
+    queued, copied, origin = warm_start
     lines = [f"queued the values of run {run_id}: {params}" for run_id, params in queued]
     if copied:
         added = warm.add_trials(study, copied)
-        origin = copied[0].user_attrs[st.ATTR_COPIED].split("#")[0]
         lines.append(f"copied {added} finished trial(s) of study {origin} "
                      f"({len(copied) - added} already here)")
     for line in lines:
@@ -102,19 +115,27 @@ def _warm_start(study, job: TuneJob, warm_start: tuple[list, list]) -> None:
                      {"accel.warm_start": "; ".join(lines)[:st.MAX_TAG_CHARS]})
 
 
-def _run_node(study, job: TuneJob, tracker, n_trials: int) -> tuple[str, int]:
-    """This node's trials, under its lease on the study; Ctrl-C or SIGTERM ends them cleanly."""
-    status, code = "FAILED", 1
+def _run_node(study, job: TuneJob, n_trials: int) -> int:
+    """This node's trials, under its lease on the study; after Ctrl-C or SIGTERM its
+    unfinished trials are closed."""
+    tracker = tracker_for(job.tracking_uri)
     with NodeLease(study, job.invocation):
         try:
-            code = run_workers(job, n_trials) if n_trials else 0
-            status = "FINISHED" if code == 0 else "FAILED"
-        except KeyboardInterrupt:
-            status, code = "KILLED", signals.exit_code()
+            orphans = clean_up(study, tracker, None) if is_journal(job.storage) else 0
+            progress(_start_line(study, job, n_trials, orphans))
+            return run_workers(job, n_trials, study, tracker) if n_trials else 0
         finally:
             signals.ignore_stops()  # let the clean-up finish
             clean_up(study, tracker, job.invocation)
-    return status, code
+
+
+def _start_line(study, job: TuneJob, n_trials: int, orphans: int) -> str:
+    before = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+    retried = f", {orphans} orphaned marked FAIL and queued again" if orphans else ""
+    return (f"study {job.study}: {n_trials} trial(s) on {job.workers} worker(s); "
+            f"{before} finished so far{retried}; "
+            f"storage {redact(job.storage)}; MLflow {redact(job.tracking_uri)} "
+            f"(experiment {job.study}, parent run {job.parent_run_id})")
 
 
 def _finish_parent(tracker, study, job: TuneJob, status: str) -> None:
@@ -181,6 +202,11 @@ def cli_best(args) -> int:
         check_name(args.register, args.alias)
     name = args.study
     study = load_existing_study(name, args.storage)
+    uri = args.tracking_uri or study.user_attrs.get(ATTR_TRACKING) or resolve_uri(None)
+    abandoned = finish_abandoned_parent(study, tracker_for(uri))
+    if abandoned:
+        note(f"the study's parent run {abandoned} was RUNNING with no node left on the study "
+             "(every lease ended or expired): marked FAILED")
     best, metric = _chosen(study, args)
     states = [t.state.name for t in study.trials]
     counts = ", ".join(f"{states.count(s)} {word}" for s, word in
@@ -188,7 +214,6 @@ def cli_best(args) -> int:
     if best is None:
         progress(f"study {name}: no complete trial yet ({len(states)} trials: {counts})")
         return 1
-    uri = args.tracking_uri or study.user_attrs.get(ATTR_TRACKING) or resolve_uri(None)
     reproduce = _reproduce_command(tracker_for(uri), name, uri)
     command, run_id = reproduce(best)
     if pareto.is_multi(study) and not (args.pick or args.brief):

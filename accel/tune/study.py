@@ -10,16 +10,20 @@ from __future__ import annotations
 import copy
 import os
 import re
+import socket
 import time
 import uuid
 import warnings
 from dataclasses import dataclass
 
 from accel.config import Config, ConfigError, objectives
+from accel.console import note
+from accel.signals import stop_requested
 from accel.tracking import Tracker
 from accel.tracking.store import check_reachable
 from accel.tune import tracking as st
 from accel.tune import warm
+from accel.tune.nodes import process_alive, write_lease
 from accel.tune.space import Dim, check_same_study, check_search, definition, get_key
 from accel.tune.storage import RetryStaleTrial, default_storage, open_storage
 from accel.uris import redact, resolve_uri
@@ -28,6 +32,7 @@ STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # safe in MLflow fi
 # Study user attrs.
 ATTR_DEFINITION = "accel.definition"
 ATTR_TRACKING = "accel.tracking_uri"
+ATTR_CREATOR = "accel.created_by"  # host and pid of the process that created the study
 # A node that loads a study another node is creating waits this long for it to be set up.
 SETUP_WAIT_S = 60.0
 
@@ -93,15 +98,18 @@ def check_study_name(name: str) -> str:
 def open_study(cfg: Config, dims: list[Dim], name: str, storage):
     """Create the study, or load it and check it is the same study (ConfigError if not).
 
-    Returns (study, created). Only the process that created the study sets it up (parent run,
-    baseline trial, definition: see `prepare`); one that loads a study being set up by another
-    node waits until the definition, written last, is there."""
+    Returns (study, set_up): whether this process sets the study up (first trials and
+    definition: see `prepare`). The process that created it does; one that loads a study being
+    set up by another node waits until the definition, written last, is there. A study with no
+    definition and no trial (made outside accel, or its creator died while setting it up) is
+    adopted: this process sets it up as its creator would have."""
     import optuna
 
     wanted_objectives = objectives(cfg.search)
     try:
         study = optuna.create_study(study_name=name, storage=storage,
                                     directions=[d for _, d in wanted_objectives])
+        study.set_user_attr(ATTR_CREATOR, {"host": socket.gethostname(), "pid": os.getpid()})
         with warnings.catch_warnings():  # "experimental" in Optuna 5
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([m for m, _ in wanted_objectives])  # not "Objective 0"
@@ -110,11 +118,15 @@ def open_study(cfg: Config, dims: list[Dim], name: str, storage):
         study = optuna.load_study(study_name=name, storage=storage)
     wanted = definition(cfg, dims)
     stored = _wait_for_definition(study)
-    if stored is None:  # made outside accel (or its creator died): it takes this definition
+    if stored is None:  # made outside accel, or its creator died: it takes this definition
         directions = [d.name.lower() for d in study.directions]
         if directions != [d for _, d in wanted_objectives]:
             raise ConfigError(f"study '{name}' exists with directions {directions}, this run "
                               f"asks for {[d for _, d in wanted_objectives]}: use a new --study")
+        if not study.trials:
+            note(f"study '{name}' has no definition and no trial yet ({_why_alone(study)}): "
+                 "this run sets it up")
+            return study, True
         study.set_user_attr(ATTR_DEFINITION, wanted)
         stored = wanted
     check_same_study(name, stored, wanted)
@@ -122,12 +134,29 @@ def open_study(cfg: Config, dims: list[Dim], name: str, storage):
 
 
 def _wait_for_definition(study, timeout_s: float = SETUP_WAIT_S) -> dict | None:
+    """The definition, once the study's creator wrote it; None if it does not come within
+    `timeout_s`, or at once when the creator's process, on this host, is gone."""
     deadline = time.monotonic() + timeout_s
     while (stored := study.user_attrs.get(ATTR_DEFINITION)) is None:
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or _creator_gone(study):
             return None
+        if stop_requested():  # nothing of this process is written yet: stop now
+            raise KeyboardInterrupt
         time.sleep(0.5)
     return stored
+
+
+def _why_alone(study) -> str:
+    if _creator_gone(study):
+        return f"its creator, process {study.user_attrs[ATTR_CREATOR]['pid']}, is gone"
+    return f"none came within {SETUP_WAIT_S:.0f} s"
+
+
+def _creator_gone(study) -> bool:
+    creator = study.user_attrs.get(ATTR_CREATOR) or {}
+    pid = creator.get("pid") if isinstance(creator, dict) else None
+    return (isinstance(pid, int) and creator.get("host") == socket.gethostname()
+            and not process_alive(pid))
 
 
 def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
@@ -135,10 +164,10 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
     """Study and parent run, made once before any worker (or any other node) runs a trial.
 
     Bad input fails first and cheaply (space, model name, storage URL, MLflow store, conflicting
-    study). The process that creates the study makes the parent run, queues the baseline trial
-    and writes the definition, in that order, so other nodes find all three. `queued` (run id,
-    values) pairs (`--enqueue`) become the next trials, in a new study before the file's
-    `search.enqueue` and its baseline. Returns (optuna study, TuneJob)."""
+    study). The process that creates (or adopts) the study makes the parent run, queues the
+    baseline trial and writes the definition, in that order, so other nodes find all three.
+    `queued` (run id, values) pairs (`--enqueue`) become the next trials, in a new study before
+    the file's `search.enqueue` and its baseline. Returns (optuna study, TuneJob)."""
     check_study_name(study_name)
     dims = check_search(cfg)
     warm.check_file_enqueue(cfg, dims)
@@ -156,6 +185,8 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
     storage_url = storage_url or default_storage()
     study, created = open_study(cfg, dims, study_name,
                                 open_storage(storage_url, on_stale=RetryStaleTrial(uri)))
+    invocation = uuid.uuid4().hex[:12]
+    write_lease(study, invocation)  # before the parent run is reopened: this node is live
     parent = st.ensure_parent_run(Tracker(uri), study, cfg, storage_url)
     if created:
         warm.enqueue_runs(study, queued)  # what the user asked for first, the file's next
@@ -167,7 +198,7 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
     if redact(uri) == uri:  # `accel best` finds the runs there; a password is never stored
         study.set_user_attr(ATTR_TRACKING, uri)
     job = TuneJob(cfg=cfg, dims=dims, study=study_name, storage=storage_url, tracking_uri=uri,
-                  parent_run_id=parent, invocation=uuid.uuid4().hex[:12],
+                  parent_run_id=parent, invocation=invocation,
                   seed=worker_seed(cfg.train.seed, len(study.trials), 0))
     return study, job
 

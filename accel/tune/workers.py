@@ -4,7 +4,8 @@ processes on one study, Ctrl-C, and closing trials left RUNNING.
 `--n-trials` counts for the whole invocation: the workers share one `Budget`. With one worker the
 loop runs in this process; with several, in spawned processes (CUDA and some BLAS builds cannot
 be used in a forked child), each with `cores / N` torch threads and its own GPU where several
-exist.
+exist. A worker process that dies (SIGKILL, the out-of-memory killer) has its trial failed and
+queued again at once, to carry on from its checkpoint, and is replaced while trials are left.
 """
 
 from __future__ import annotations
@@ -51,15 +52,25 @@ class Budget:
             self.used.value += 1
             return True
 
+    def give_back(self) -> None:
+        """The slot of a trial queued again after its worker died: the retry takes it."""
+        with self.used.get_lock():
+            self.used.value -= 1
 
-def run_worker(job: TuneJob, index: int, budget: Budget) -> None:
-    """Claim a trial slot, run one trial, repeat; the study's parent run is updated after each."""
+    def left(self) -> bool:
+        with self.used.get_lock():
+            return self.used.value < self.n
+
+
+def run_worker(job: TuneJob, index: int, budget: Budget, restart: int = 0) -> None:
+    """Claim a trial slot, run one trial, repeat; the study's parent run is updated after each.
+    `restart` counts the workers that took this one's place: each samples with its own seed."""
     import optuna
 
     study = optuna.load_study(
         study_name=job.study,
         storage=open_storage(job.storage, on_stale=RetryStaleTrial(job.tracking_uri)),
-        sampler=build_sampler(job.cfg.search.sampler, worker_seed(job.seed, 0, index)),
+        sampler=build_sampler(job.cfg.search.sampler, worker_seed(job.seed, restart, index)),
         pruner=build_pruner(job.cfg.search.pruner, job.cfg.train.epochs),
     )
     objective = Objective(job)
@@ -106,7 +117,8 @@ def describe_trial(study, trial, metric: str) -> str:
 # --- worker processes, Ctrl-C and SIGTERM ---------------------------------------------------------
 
 
-def _worker_main(job: TuneJob, index: int, budget: Budget, env: dict[str, str]) -> None:
+def _worker_main(job: TuneJob, index: int, restart: int, budget: Budget,
+                 env: dict[str, str]) -> None:
     """Entry of a spawned worker process; its exit code tells the main process how it ended."""
     os.environ.update(env)  # before torch is imported: which GPU this worker sees
     handle_stops()  # Ctrl-C and SIGTERM (sent to the whole process group) stop it cleanly
@@ -116,7 +128,7 @@ def _worker_main(job: TuneJob, index: int, budget: Budget, env: dict[str, str]) 
 
         # Share the CPU cores instead of oversubscribing them (n workers x all cores each).
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.workers))
-        run_worker(job, index, budget)
+        run_worker(job, index, budget, restart)
     except KeyboardInterrupt:
         sys.exit(130)
     except ConfigError as e:
@@ -138,28 +150,45 @@ def _gpu_envs(workers: int, device: str) -> list[dict[str, str]]:
     return [{"CUDA_VISIBLE_DEVICES": ids[i % len(ids)]} for i in range(workers)]
 
 
-def run_workers(job: TuneJob, n_trials: int) -> int:
-    """Run the invocation's trials in this process (1 worker) or in spawned processes."""
+def run_workers(job: TuneJob, n_trials: int, study, tracker) -> int:
+    """Run the invocation's trials in this process (1 worker) or in spawned processes; a
+    worker process that dies is replaced (at most `MAX_RETRY` times per trial of the
+    invocation, as its trials are retried) while trials are left."""
     if job.workers == 1:
         run_worker(job, 0, Budget(n_trials))
         return 0
     import multiprocessing
+    from multiprocessing.connection import wait
 
     # spawn: CUDA and some BLAS builds cannot be used in a forked child.
     context = multiprocessing.get_context("spawn")
     budget = Budget(n_trials, context)
-    procs = [context.Process(target=_worker_main, args=(job, i, budget, env),
-                             name=f"accel-tune-{i}")
-             for i, env in enumerate(_gpu_envs(job.workers, job.cfg.train.device))]
-    for p in procs:
+    envs = _gpu_envs(job.workers, job.cfg.train.device)
+    restarts = [0] * job.workers
+
+    def start(i: int):
+        p = context.Process(target=_worker_main, args=(job, i, restarts[i], budget, envs[i]),
+                            name=f"accel-tune-{i}")
         p.start()
+        return p
+
+    live, codes = {i: start(i) for i in range(job.workers)}, []
     try:
-        for p in procs:
-            p.join()
+        while live:
+            wait([p.sentinel for p in live.values()])
+            for i in [i for i, p in live.items() if not p.is_alive()]:
+                p = live.pop(i)
+                p.join()
+                if p.exitcode is None or p.exitcode >= 0:  # it ended: 0, 1, 2 or 130
+                    codes.append(p.exitcode)
+                    continue
+                _retry_dead_worker(study, tracker, p, i, budget)
+                if budget.left() and sum(restarts) < n_trials * MAX_RETRY:
+                    restarts[i] += 1
+                    live[i] = start(i)
     except KeyboardInterrupt:
-        _stop(procs)
+        _stop(list(live.values()))
         raise
-    codes = [p.exitcode for p in procs]
     if 130 in codes:
         raise KeyboardInterrupt
     if 2 in codes:
@@ -184,6 +213,21 @@ def _stop(procs, wait_s: float = 60.0) -> None:
             p.join(5)
 
 
+def _retry_dead_worker(study, tracker, proc, index: int, budget: Budget) -> None:
+    """A worker killed by a signal: its trial FAIL (MLflow FAILED) and queued again, which
+    gives its slot back to the retry."""
+    dead = [t for t in _running(study) if t.user_attrs.get(st.ATTR_PID) == proc.pid]
+    numbers = []
+    for t in dead:
+        if _fail_and_retry(study, tracker, t, "its worker process died; the trial is queued "
+                                               "again"):
+            budget.give_back()
+            numbers.append(str(t.number))
+    queued = f"; trial {', '.join(numbers)} queued again" if numbers else ""
+    how = signal.strsignal(-proc.exitcode) or f"signal {-proc.exitcode}"
+    warn(f"worker {index} died ({how}){queued}")
+
+
 # --- clean-up ---------------------------------------------------------------------------------
 
 
@@ -193,28 +237,20 @@ def clean_up(study, tracker, invocation: str | None) -> int:
     is gone (a killed run on a journal storage, which has no heartbeats: as a dead worker's
     trial on a database storage, MLflow FAILED and the trial queued again, to carry on from its
     last checkpoint). Returns how many were closed."""
-    from optuna.exceptions import ExperimentalWarning
-    from optuna.storages import RetryFailedTrialCallback
     from optuna.trial import TrialState
 
     closed = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if invocation is not None:
-            if t.user_attrs.get(st.ATTR_INVOCATION) != invocation:
-                continue
-        elif not _orphaned(t):
+    for t in _running(study):
+        if invocation is None:
+            if _orphaned(t):
+                _fail_and_retry(study, tracker, t, "its worker process is gone; the trial is "
+                                                   "queued again")
+                closed += 1
+            continue
+        if t.user_attrs.get(st.ATTR_INVOCATION) != invocation:
             continue
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        if invocation is None:  # queued again with its values, as a database storage does
-            with warnings.catch_warnings():  # "experimental" in Optuna 5
-                warnings.simplefilter("ignore", ExperimentalWarning)
-                RetryFailedTrialCallback(max_retry=MAX_RETRY)(study, t)
-        try:
-            st.close_dead_trial(tracker, study, t, "interrupted" if invocation else
-                                "its worker process is gone; the trial is queued again",
-                                interrupted=invocation is not None)
-        except Exception as e:
-            warn(f"trial {t.number}: {one_line(e)}")
+        _close_run(tracker, study, t, "interrupted", interrupted=True)
         closed += 1
     if invocation is not None:
         for run in st.search_runs(tracker, study.study_name,
@@ -223,6 +259,35 @@ def clean_up(study, tracker, invocation: str | None) -> int:
             retry_locked(tracker.set_tags, run.info.run_id, {"optuna.trial_state": "FAIL"})
             retry_locked(tracker.end_run, run.info.run_id, "KILLED")
     return closed
+
+
+def _running(study) -> list:
+    from optuna.trial import TrialState
+
+    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+
+def _fail_and_retry(study, tracker, trial, message: str) -> bool:
+    """A trial whose process died: FAIL, queued again with its values (as a database storage
+    does after its heartbeats stop), its MLflow run FAILED. Returns whether it was queued."""
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+    from optuna.trial import TrialState
+
+    study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+    with warnings.catch_warnings():  # "experimental" in Optuna 5
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        queued = len(Retry.retry_history(trial)) < MAX_RETRY
+        Retry(max_retry=MAX_RETRY)(study, trial)
+    _close_run(tracker, study, trial, message, interrupted=False)
+    return queued
+
+
+def _close_run(tracker, study, trial, message: str, *, interrupted: bool) -> None:
+    try:
+        st.close_dead_trial(tracker, study, trial, message, interrupted=interrupted)
+    except Exception as e:  # the trial's state is what counts; its run is a view of it
+        warn(f"trial {trial.number}: {one_line(e)}")
 
 
 def _orphaned(trial) -> bool:

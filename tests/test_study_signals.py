@@ -1,0 +1,209 @@
+"""Faults around a study's processes, met as users meet them: a worker killed with SIGKILL, a stop
+or a kill while the study is being set up, a node that dies while another ends, a stop while an
+ablation makes its runs. Each leaves nothing RUNNING and loses no trial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import TINY_OVERRIDES, new_store, run_cli
+from tests.test_signals import LONG, SIGTERM_EXIT, runs, start, wait_for_epoch
+
+# Checkpoints on (the default): a retried trial carries on from one; 8 epochs leave time to kill.
+RETRY = {
+    "data": {"dataset": "digits", "num_workers": 0},
+    "model": {"name": "test_resnet", "img_size": 16},
+    "train": {"epochs": 8, "epoch_length": 8, "batch_size": 16, "device": "cpu", "amp": "off",
+              "lr": 1.5e-3},
+    "search": {"pruner": "none", "sampler": "random",
+               "enqueue": [{"train.lr": 1.2e-3}],
+               "space": {"train.lr": {"type": "float", "low": 1.0e-3, "high": 2.0e-3}}},
+}
+
+
+def experiment(tmp_path: Path, **train) -> str:
+    exp = {**RETRY, "train": {**RETRY["train"], **train}}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    return str(path)
+
+
+def load(journal: str, name: str):
+    import optuna
+
+    from accel.tune import open_storage
+
+    return optuna.load_study(study_name=name, storage=open_storage(journal))
+
+
+def poll(condition, what: str, proc: subprocess.Popen | None = None, timeout_s: float = 300):
+    """`condition()`'s first true answer (exceptions: the store is being written; try again)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode} before {what}: "
+                                 f"{proc.communicate()[1][-3000:]}")
+        try:
+            answer = condition()
+        except Exception:
+            answer = None
+        if answer:
+            return answer
+        time.sleep(0.02)
+    raise AssertionError(f"no {what} within {timeout_s} s")
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def statuses(store: str, name: str) -> dict[str, str]:
+    return {r.info.run_name: r.info.status for r in runs(store, name)}
+
+
+# --- 3: a worker killed with SIGKILL --------------------------------------------------------------
+
+
+def _trial_with_epochs(store: str, journal: str, epochs: int):
+    """(trial number, its worker's pid, its run id) once a trial's run has logged `epochs`."""
+    from mlflow.tracking import MlflowClient
+
+    for run in runs(store, "w"):
+        if (run.data.tags.get("accel.role") == "trial" and run.info.status == "RUNNING"
+                and len(MlflowClient(store).get_metric_history(run.info.run_id, "val_loss"))
+                >= epochs):
+            number = int(run.data.tags["optuna.trial_number"])
+            return number, load(journal, "w").trials[number].user_attrs["accel.pid"], run
+    return None
+
+
+def test_a_worker_killed_with_sigkill_has_its_trial_retried_from_its_checkpoint(tmp_path):
+    """`--workers 2`, one worker killed inside a trial: its trial FAIL (run FAILED), queued
+    again and carried on from its last checkpoint; the study runs all its trials and the
+    parent run ends FINISHED."""
+    store, journal = new_store(tmp_path), str(tmp_path / "optuna.journal")
+    proc = start("tune", experiment(tmp_path), "--study", "w", "--storage", journal,
+                 "--tracking-uri", store, "--n-trials", "3", "--workers", "2")
+    try:
+        number, pid, dead_run = poll(lambda: _trial_with_epochs(store, journal, 2),
+                                     "trial with 2 epochs", proc)
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, err[-3000:]
+    study = load(journal, "w")
+    dead = study.trials[number]
+    assert dead.state.name == "FAIL"
+    [retry] = [t for t in study.trials if t.system_attrs.get("failed_trial") == number]
+    assert retry.state.name == "COMPLETE" and retry.params == dead.params
+    assert sum(t.state.name == "COMPLETE" for t in study.trials) == 3, "every trial ran"
+    by_id = {r.info.run_id: r for r in runs(store, "w")}
+    assert by_id[dead_run.info.run_id].info.status == "FAILED"
+    assert by_id[dead_run.info.run_id].data.tags["optuna.trial_state"] == "FAIL"
+    resumed = by_id[retry.user_attrs["mlflow_run_id"]]
+    assert resumed.data.tags["accel.resumed_from"] == dead_run.info.run_id
+    assert int(resumed.data.tags["accel.resumed_from_epoch"]) >= 1
+    assert statuses(store, "w")["study-w"] == "FINISHED"
+    assert "RUNNING" not in statuses(store, "w").values()
+
+
+# --- 9: a stop or a kill during the study's set-up --------------------------------------------
+
+
+def _being_set_up(journal: str, name: str) -> bool:
+    """The study exists and has no definition yet (written last): it is being set up. Only
+    the journal is read: a cheap poll, well inside the window."""
+    return Path(journal).is_file() and "accel.definition" not in load(journal, name).user_attrs
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_stop_during_study_set_up_leaves_a_whole_study_and_the_rerun_runs_the_baseline(
+        tmp_path, sig):
+    """Stopped (SIGTERM: set-up completes, then the stop; nothing RUNNING) or killed (SIGKILL:
+    the rerun adopts the half-made study at once and queues what its creator would have)
+    while the study and its parent run are being made: the rerun runs the file's
+    `search.enqueue` entry and the baseline first, and ends the parent run."""
+    store, journal = new_store(tmp_path), str(tmp_path / "optuna.journal")
+    tune = ["tune", experiment(tmp_path, epochs=1), "--study", "s", "--storage", journal,
+            "--tracking-uri", store]
+    proc = start(*tune, "--n-trials", "1")
+    try:
+        poll(lambda: _being_set_up(journal, "s"), "study set-up", proc)
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == SIGTERM_EXIT and "Traceback" not in err, err[-3000:]
+        assert "RUNNING" not in statuses(store, "s").values(), statuses(store, "s")
+        assert "accel.definition" in load(journal, "s").user_attrs, "set-up left half done"
+    half_made = "accel.definition" not in load(journal, "s").user_attrs
+    rerun = run_cli(*tune, "--n-trials", "2")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    if half_made:  # killed before the definition: adopted at once, not after a wait
+        assert f"its creator, process {proc.pid}, is gone" in rerun.stderr, rerun.stderr
+    trials = load(journal, "s").trials
+    first = [t for t in trials if "failed_trial" not in t.system_attrs]
+    assert first[0].user_attrs.get("accel.enqueued_from") == "search.enqueue[0]"
+    assert first[0].params == {"train.lr": 1.2e-3}
+    assert first[1].user_attrs.get("accel.baseline") and first[1].params == {"train.lr": 1.5e-3}
+    assert len(first) == 2, "queued once"
+    done = {t.system_attrs.get("failed_trial", t.number) for t in trials
+            if t.state.name == "COMPLETE"}  # a trial killed with the process is retried
+    assert done == {0, 1}
+    assert statuses(store, "s")["study-s"] == "FINISHED"
+    assert "RUNNING" not in statuses(store, "s").values()
+
+
+# --- 16: a node that dies while the last other node ends --------------------------------------
+
+
+def test_accel_best_finishes_a_parent_run_whose_nodes_are_all_gone(tmp_path):
+    """Node B works on the study while node A ends (A leaves the parent run RUNNING for B);
+    then B is killed: its lease never ends. `accel best` finishes the parent run (FAILED, with
+    the reason) instead of leaving it RUNNING for ever."""
+    store, journal = new_store(tmp_path), str(tmp_path / "optuna.journal")
+    tune = ["tune", *LONG, "--study", "n", "--storage", journal, "--tracking-uri", store]
+    node_b = start(*tune, "--n-trials", "1")
+    try:
+        wait_for_epoch(node_b, store, "n", "trial")
+        node_a = run_cli(*tune, "--n-trials", "0")
+        assert node_a.returncode == 0, node_a.stderr[-3000:]
+        assert "other node(s) still work on the study" in node_a.stderr
+        assert statuses(store, "n")["study-n"] == "RUNNING"
+    finally:
+        kill_group(node_b)  # SIGKILL: B ends nothing
+    best = run_cli("best", "--study", "n", "--storage", journal, "--tracking-uri", store)
+    assert "Traceback" not in best.stderr, best.stderr[-3000:]
+    [parent] = [r for r in runs(store, "n") if r.data.tags["accel.role"] == "study"]
+    assert parent.info.status == "FAILED"
+    assert "lease" in parent.data.tags["accel.error"]
+
+
+# --- ablate: a stop while the ablation makes its runs ----------------------------------------
+
+
+def test_sigterm_while_an_ablation_makes_its_runs_leaves_none_running(tmp_path):
+    store = new_store(tmp_path)
+    proc = start("ablate", *TINY_OVERRIDES, "tracking.experiment=ab", "--techniques", "ga,amp,pm",
+                 "--tracking-uri", store)
+    try:
+        poll(lambda: any(r.data.tags.get("accel.role") == "ablation" for r in runs(store, "ab")),
+             "ablation parent run", proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == SIGTERM_EXIT and "Traceback" not in err, err[-3000:]
+    found = statuses(store, "ab")
+    assert found and "RUNNING" not in found.values(), found
