@@ -140,3 +140,46 @@ def test_a_small_trial_after_a_big_one_reports_its_own_peak_memory(tmp_path):
     alone = alone.data.metrics["peak_memory_mb"]
     assert peak[big] - alone > 500, (peak, alone)  # the two really differ
     assert peak[small] - alone < (peak[big] - alone) / 3, (peak, alone)  # its own peak
+
+
+# --- 12: --from-study copies each trial once --------------------------------------------------
+
+
+def copied_from(name: str, journal: Path) -> list[str]:
+    return sorted(t.user_attrs["accel.copied_from"] for t in load_study(name, journal).trials
+                  if "accel.copied_from" in t.user_attrs)
+
+
+def test_from_study_copies_each_trained_trial_once_and_not_the_study_itself(tmp_path):
+    """Copies keep the study and number of the trial that trained: copying a copy again, by
+    whichever way it comes, adds nothing; a study copying itself is refused."""
+    from tests.conftest import cli_main
+
+    exp = experiment(tmp_path, "w")
+    store, journal = new_store(tmp_path), tmp_path / "optuna.journal"
+
+    def tune(name: str, n: int, *extra: str) -> tuple[int, str]:
+        code, _, err = cli_main("tune", str(exp), "train.epochs=1", "--study", name,
+                                "--n-trials", str(n), "--storage", str(journal),
+                                "--tracking-uri", store, *extra)
+        return code, err
+
+    assert tune("a", 2)[0] == 0
+    assert tune("b", 1, "--from-study", "a")[0] == 0
+    assert copied_from("b", journal) == ["a#0", "a#1"]
+    assert tune("c", 0, "--from-study", "b")[0] == 0
+    assert tune("c", 0, "--from-study", "b")[0] == 0  # the same command twice
+    code, err = tune("c", 0, "--from-study", "a")  # a's trials, already here through b
+    assert code == 0 and "copied 0 finished trial(s) of study a (2 already here)" in err
+    assert copied_from("c", journal) == ["a#0", "a#1", "b#0"]
+    code, err = tune("a", 0, "--from-study", "c")  # back where they came from: only b's own
+    assert code == 0 and "copied 1 finished trial(s) of study c (2 already here)" in err
+    assert copied_from("a", journal) == ["b#0"]
+
+    before = load_study("c", journal).trials
+    proc = run_cli("tune", str(exp), "--study", "c", "--n-trials", "1", "--storage",
+                   str(journal), "--tracking-uri", store, "--from-study", "c", timeout=120)
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("accel: error: --from-study c: ") and "this study itself" in line
+    assert load_study("c", journal).trials == before  # nothing copied, nothing run

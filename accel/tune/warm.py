@@ -13,12 +13,14 @@ Values outside the space and keys that are not in it are refused (exit 2, naming
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from accel.config import Config, ConfigError, objectives, set_key
 from accel.tracking import retry_locked
 from accel.tune import pareto
 from accel.tune.space import Dim, get_key
+from accel.tune.storage import is_journal
 from accel.tune.tracking import ATTR_COPIED, ATTR_RUN
 
 ATTR_ENQUEUED = "accel.enqueued_from"  # trial user attr: the run or file entry it came from
@@ -118,7 +120,7 @@ def trials_of(cfg: Config, dims: list[Dim], other_name: str, other_storage) -> l
     out = []
     for t in other.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         params = _checked(dims, t.params, f"--from-study {other_name} trial {t.number}")
-        attrs = {ATTR_COPIED: f"{other_name}#{t.number}"}
+        attrs = {ATTR_COPIED: origin(other_name, t)}
         if ATTR_RUN in t.user_attrs:  # `accel best` and `accel reproduce` find its run
             attrs[ATTR_RUN] = t.user_attrs[ATTR_RUN]
         out.append(optuna.trial.create_trial(
@@ -127,9 +129,29 @@ def trials_of(cfg: Config, dims: list[Dim], other_name: str, other_storage) -> l
     return out
 
 
+def check_not_itself(name: str, storage: str, other_name: str, other_storage: str) -> None:
+    """A study copying itself would add each of its trials again as a copy, on every run."""
+    if other_name == name and _same_storage(storage, other_storage):
+        raise ConfigError(f"--from-study {other_name}: that is this study itself, whose finished "
+                          "trials the sampler already learns from; name another study")
+
+
+def _same_storage(a: str, b: str) -> bool:
+    if is_journal(a) and is_journal(b):
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    return a == b
+
+
+def origin(study_name: str, trial) -> str:
+    """STUDY#N of the trial that trained: a copy of a copy names the first study, so the same
+    trial reaching a study by two ways (or back where it came from) is added once."""
+    return trial.user_attrs.get(ATTR_COPIED, f"{study_name}#{trial.number}")
+
+
 def add_trials(study, trials: list) -> int:
-    """Add the copied trials this study does not hold yet; returns how many were added."""
-    done = {t.user_attrs.get(ATTR_COPIED) for t in study.get_trials(deepcopy=False)}
+    """Add the copied trials this study does not hold yet, as a copy or as its own; returns
+    how many were added."""
+    done = {origin(study.study_name, t) for t in study.get_trials(deepcopy=False)}
     new = [t for t in trials if t.user_attrs[ATTR_COPIED] not in done]
     study.add_trials(new)
     return len(new)
