@@ -201,6 +201,28 @@ def test_an_interrupted_write_leaves_the_file_it_replaces_whole(tmp_path, monkey
     assert checkpoint.load(path)["epoch"] == 1
 
 
+@pytest.mark.parametrize("damage", [b"epoch 2 weights, in words\n", os.urandom(4096)],
+                         ids=["text", "random-bytes"])
+def test_a_damaged_slot_is_skipped_and_the_other_one_resumed(damage, reference, tmp_path):
+    """A slot holding something other than a checkpoint (a text file, random bytes): the resume
+    says so in one line and carries on from the other slot, ending as the reference did."""
+    ref_store, ref_run, _ = reference
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert train_stopped_after(2, [*RESUMABLE, "--tracking-uri", store]).returncode == 143
+    run_id = only_run(store)
+    damaged = tmp_path / "last-b.pt"  # epoch 2's slot; last-a.pt holds epoch 1
+    damaged.write_bytes(damage)
+    client(store).log_artifact(run_id, str(damaged), "checkpoint")
+
+    out = run_cli("resume", run_id, "--tracking-uri", store)
+    assert out.returncode == 0, out.stderr
+    assert f"run {run_id}: checkpoint/last-b.pt:" in out.stderr and "skipped" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert "after epoch 1 of 3" in out.stderr
+    assert client(store).get_run(run_id).info.status == "FINISHED"
+    assert curves(store, run_id) == curves(ref_store, ref_run)
+
+
 class Payload:
     """Stands for anything a pickle could build (and run) on load."""
 

@@ -21,6 +21,7 @@ import contextlib
 import os
 import pickle
 import random
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,13 +207,18 @@ class UnreadableCheckpoint(Exception):
 
 
 def load(path: Path) -> dict[str, Any]:
-    """A checkpoint, tensors and plain containers only (`weights_only=True`)."""
+    """A checkpoint, tensors and plain containers only (`weights_only=True`). A file that is not
+    one (cut short, overwritten, random bytes) is `UnreadableCheckpoint`: the other slot may
+    still serve. A whole `torch.save` file that holds pickled objects is refused outright."""
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its index comes last
+        raise UnreadableCheckpoint(f"{path.name}: not a torch.save archive (cut short or "
+                                   "overwritten)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise ConfigError(f"checkpoint {path} holds pickled Python objects, not only tensors: "
                           f"refused (torch.load weights_only=True): {one_line(e)[:200]}") from None
-    except (RuntimeError, EOFError, OSError) as e:
+    except Exception as e:  # a damaged archive fails in many ways (KeyError, RuntimeError, ...)
         raise UnreadableCheckpoint(f"{path.name}: {one_line(e)[:200]}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UnreadableCheckpoint(f"{path.name}: not an accel checkpoint of format {FORMAT}")
