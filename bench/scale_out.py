@@ -78,7 +78,9 @@ def run_study(nodes: int, trials: int, storage: str, uri: str, items: list[str])
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for _ in range(nodes)]
     if any(p.wait() != 0 for p in procs):
-        raise RuntimeError(f"accel tune failed ({nodes} node(s), storage {storage})")
+        from accel.uris import redact
+
+        raise RuntimeError(f"accel tune failed ({nodes} node(s), storage {redact(storage)})")
     return time.perf_counter() - started
 
 

@@ -34,6 +34,7 @@ def main() -> None:
     from accel import config
     from accel.console import quiet_libraries
     from accel.train import train
+    from accel.uris import redact
 
     items = args.items
     path = items.pop(0) if items and "=" not in items[0] else ROOT / "experiments/quickstart.yaml"
@@ -45,7 +46,7 @@ def main() -> None:
 
     print(
         f"{path}: model {cfg.model.name}, data {cfg.data.dataset}, {cfg.train.epochs} epochs; "
-        f"store {cfg.tracking.uri}"
+        f"store {redact(str(cfg.tracking.uri))}"
     )
     import dataclasses
 
