@@ -289,41 +289,48 @@ def test_enqueued_runs_and_file_entries_come_first_then_the_baseline(tmp_path):
     assert run_id in parent.data.tags["accel.warm_start"]
 
 
-class SpyTPE:
-    """TPE that records how many COMPLETE trials it learns from at each sampled trial."""
+def flipped_copy(stores: Stores, name: str, to: str) -> None:
+    """Study `to`: the COMPLETE trials of `name`, same params, each val_accuracy v as 1 - v
+    (the best trial becomes the worst)."""
+    import optuna
 
-    seen: list[int] = []
-
-    def __init__(self, seed):
-        import optuna
-
-        self.inner = optuna.samplers.TPESampler(seed=seed, n_startup_trials=2)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def infer_relative_search_space(self, study, trial):
-        from optuna.trial import TrialState
-
-        SpyTPE.seen.append(len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))))
-        return self.inner.infer_relative_search_space(study, trial)
+    storage = search.open_storage(stores.storage)
+    source = stores.study(name)
+    flipped = optuna.create_study(study_name=to, storage=storage, direction="maximize")
+    flipped.set_metric_names(source.metric_names)
+    flipped.add_trials([optuna.trial.create_trial(params=t.params, distributions=t.distributions,
+                                                  value=1.0 - t.value)
+                        for t in source.trials if t.state.name == "COMPLETE"])
 
 
 def test_from_study_copies_finished_trials_and_the_sampler_learns_from_them(tmp_path,
                                                                             monkeypatch):
+    """The copies count as TPE's startup trials, and its first suggestion depends on their
+    values: the same seed over the same params with the values flipped suggests elsewhere
+    (a sampler that ignored the copies would sample both at random, alike)."""
+    import optuna
+
     stores = Stores(tmp_path)
     exp = experiment(tmp_path, "warm", pruner="none")
     assert stores.tune(exp, "old", "--n-trials", "3") == 0
     old = [t for t in stores.study("old").trials if t.state.name == "COMPLETE"]
-    SpyTPE.seen = []
-    monkeypatch.setattr(tune_workers, "build_sampler", lambda name, seed: SpyTPE(seed))
-    assert stores.tune(exp, "new", "--n-trials", "2", "--from-study", "old") == 0
-    new = stores.study("new").trials
-    copied = [t for t in new if "accel.copied_from" in t.user_attrs]
-    assert [(t.params, t.values) for t in copied] == [(t.params, t.values) for t in old]
-    assert {t.user_attrs["accel.copied_from"] for t in copied} == {f"old#{t.number}"
-                                                                   for t in old}
-    assert max(SpyTPE.seen) >= len(old) + 1  # the sampled trial saw the copies (and baseline)
+    flipped_copy(stores, "old", "flipped")
+    monkeypatch.setattr(tune_workers, "build_sampler", lambda name, seed: optuna.samplers
+                        .TPESampler(seed=0, n_startup_trials=len(old)))
+    suggested = {}
+    for source, name in (("old", "new"), ("flipped", "new2")):
+        # The baseline (the file's values), then one trial TPE suggests.
+        assert stores.tune(exp, name, "--n-trials", "2", "--from-study", source) == 0
+        new = stores.study(name).trials
+        copied = [t for t in new if "accel.copied_from" in t.user_attrs]
+        assert [t.params for t in copied] == [t.params for t in old]
+        assert {t.user_attrs["accel.copied_from"] for t in copied} == {f"{source}#{t.number}"
+                                                                       for t in old}
+        [sampled] = [t for t in new if t not in copied and "accel.baseline" not in t.user_attrs]
+        suggested[source] = sampled.params
+    assert [t.values for t in stores.study("new").trials
+            if "accel.copied_from" in t.user_attrs] == [t.values for t in old]
+    assert suggested["old"] != suggested["flipped"], suggested
     # The same command again copies nothing twice.
     assert stores.tune(exp, "new", "--n-trials", "0", "--from-study", "old") == 0
     assert len([t for t in stores.study("new").trials
