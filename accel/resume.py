@@ -19,7 +19,7 @@ from accel.tracking.store import open_store
 
 def cli_resume(args) -> int:
     from accel.train import describe, train
-    from accel.train.checkpoint import download
+    from accel.train.checkpoint import CheckpointMismatch, download
 
     run_id = args.run_id
     tracker = open_store(args.tracking_uri)
@@ -44,6 +44,10 @@ def cli_resume(args) -> int:
     if original.source != "config.yaml":
         warn(f"run {run_id}: config rebuilt from its params (no config.yaml)")
     note(f"resuming run {run_id} after epoch {resume.epoch} of {cfg.train.epochs}")
-    result = train(cfg, resume=resume)
+    try:
+        result = train(cfg, resume=resume)
+    except CheckpointMismatch as e:  # the data or the model's code changed since
+        raise ConfigError(f"run {run_id}: {e}; `accel reproduce {run_id}` trains it from the "
+                          "start") from None
     print(describe(result))
     return 0

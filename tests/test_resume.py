@@ -287,24 +287,7 @@ def test_a_retried_trial_carries_on_from_the_dead_trials_checkpoint(storage_kind
     its process is gone; database: its heartbeats stopped), queues it again with the same
     values, and the retry starts after the dead trial's last checkpointed epoch, in a new run
     that holds every epoch once."""
-    import optuna
-    import yaml
-
-    exp = tmp_path / "retry.yaml"
-    exp.write_text(yaml.safe_dump({
-        "data": {"dataset": "digits", "num_workers": 0},
-        "model": {"name": "test_resnet", "img_size": 16},
-        "train": {"epochs": 12, "epoch_length": 10, "batch_size": 16, "device": "cpu",
-                  "amp": "off", "accumulation_steps": 4, "warmup_epochs": 1},
-        "search": {"pruner": "none", "space": {
-            "train.lr": {"type": "float", "low": 1.0e-3, "high": 2.0e-3}}},
-    }))
-    store = new_store(tmp_path)
-    storage = (str(tmp_path / "optuna.journal") if storage_kind == "journal"
-               else f"sqlite:///{tmp_path / 'optuna.db'}")
-    args = ["tune", str(exp), "--study", "r", "--n-trials", "1", "--storage", storage,
-            "--tracking-uri", store]
-    env = {"ACCEL_HEARTBEAT_S": "1", "ACCEL_GRACE_S": "2"}
+    store, storage, args, env = retried_study(tmp_path, storage_kind)
     dead_run, code, _ = interrupt(args, lambda: wait_for_trial_epochs(store, 2), signal.SIGKILL,
                                   env)
     assert code == -signal.SIGKILL
@@ -313,10 +296,7 @@ def test_a_retried_trial_carries_on_from_the_dead_trials_checkpoint(storage_kind
 
     out = run_cli(*args, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    study = optuna.load_study(study_name="r", storage=(
-        optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
-        if storage_kind == "journal" else storage))
-    first, retry = study.trials
+    first, retry = study_trials(storage)
     assert (first.state.name, retry.state.name) == ("FAIL", "COMPLETE")
     assert retry.params == first.params
     assert retry.system_attrs["failed_trial"] == first.number
@@ -333,6 +313,59 @@ def test_a_retried_trial_carries_on_from_the_dead_trials_checkpoint(storage_kind
     assert mine[:len(dead_epochs)] == dead_epochs
     assert artifacts(store, run.info.run_id) == ["checkpoint/best.pt"]  # finished: slots gone
     assert "checkpoint/last-a.pt" in artifacts(store, dead_run)  # the dead run's are kept
+
+
+def retried_study(tmp_path: Path, storage_kind: str):
+    """(MLflow store, Optuna storage, `accel tune` arguments, environment) of a one-trial study
+    of 12 short epochs whose dead trials are retried within seconds."""
+    import yaml
+
+    exp = tmp_path / "retry.yaml"
+    exp.write_text(yaml.safe_dump({
+        "data": {"dataset": "digits", "num_workers": 0},
+        "model": {"name": "test_resnet", "img_size": 16},
+        "train": {"epochs": 12, "epoch_length": 10, "batch_size": 16, "device": "cpu",
+                  "amp": "off", "accumulation_steps": 4, "warmup_epochs": 1},
+        "search": {"pruner": "none", "space": {
+            "train.lr": {"type": "float", "low": 1.0e-3, "high": 2.0e-3}}},
+    }))
+    store = new_store(tmp_path)
+    storage = (str(tmp_path / "optuna.journal") if storage_kind == "journal"
+               else f"sqlite:///{tmp_path / 'optuna.db'}")
+    args = ["tune", str(exp), "--study", "r", "--n-trials", "1", "--storage", storage,
+            "--tracking-uri", store]
+    return store, storage, args, {"ACCEL_HEARTBEAT_S": "1", "ACCEL_GRACE_S": "2"}
+
+
+def study_trials(storage: str) -> list:
+    import optuna
+
+    return optuna.load_study(study_name="r", storage=(
+        storage if storage.startswith("sqlite:") else
+        optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage)))).trials
+
+
+def test_a_retry_whose_config_no_longer_fits_the_checkpoint_starts_fresh(tmp_path):
+    """The study rerun with another train.epochs after a worker died: the retry cannot carry on
+    from the dead trial's checkpoint; it says so in one line and trains from epoch 1, and the
+    study goes on (no exit 2)."""
+    store, storage, args, env = retried_study(tmp_path, "journal")
+    dead_run, code, _ = interrupt(args, lambda: wait_for_trial_epochs(store, 2), signal.SIGKILL,
+                                  env)
+    assert code == -signal.SIGKILL
+
+    out = run_cli(*args, "train.epochs=4", env=env)  # journal: the dead process is seen at once
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, retry = study_trials(storage)
+    assert (first.state.name, retry.state.name) == ("FAIL", "COMPLETE")
+    assert retry.params == first.params
+    warnings = [line for line in out.stderr.splitlines() if "accel: warning: trial 1" in line]
+    assert warnings == [
+        f"accel: warning: trial 1: run {dead_run}: the checkpoint is of a run with 12 epochs "
+        "of 10 batches, this config has 4 of 10: the retry starts from epoch 1"], out.stderr
+    run = client(store).get_run(retry.user_attrs["mlflow_run_id"])
+    assert "accel.resumed_from" not in run.data.tags
+    assert [s for s, _ in curves(store, run.info.run_id)["val_loss"]] == [1, 2, 3, 4]
 
 
 def wait_for_trial_epochs(store: str, epochs: int, timeout_s: float = 120) -> str:

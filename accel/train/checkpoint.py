@@ -131,22 +131,31 @@ def capture(parts) -> dict[str, Any]:
     }
 
 
+class CheckpointMismatch(ConfigError):
+    """A checkpoint of another config than the run it is restored into (other epochs, another
+    model): a retried trial starts fresh instead, `accel resume` refuses."""
+
+
 def restore(parts, state: dict[str, Any]) -> None:
     """Put `state` (from `capture`) into a freshly built run of the same config."""
     saved = state["trainer"]
     if (saved["epoch_length"], saved["max_epochs"]) != (parts.epoch_length,
                                                         parts.cfg.train.epochs):
-        raise ConfigError(
+        raise CheckpointMismatch(
             f"the checkpoint is of a run with {saved['max_epochs']} epochs of "
             f"{saved['epoch_length']} batches, this config has {parts.cfg.train.epochs} of "
-            f"{parts.epoch_length}: resume the run with the config it logged")
+            f"{parts.epoch_length}")
     step = parts.step
-    parts.bare.load_state_dict(state["model"])
-    step.optimizer.load_state_dict(state["optimizer"])
-    if step.scheduler is not None:
-        step.scheduler.load_state_dict(state["scheduler"])
-    if step.scaler is not None and state["scaler"] is not None:
-        step.scaler.load_state_dict(state["scaler"])
+    try:
+        parts.bare.load_state_dict(state["model"])
+        step.optimizer.load_state_dict(state["optimizer"])
+        if step.scheduler is not None:
+            step.scheduler.load_state_dict(state["scheduler"])
+        if step.scaler is not None and state["scaler"] is not None:
+            step.scaler.load_state_dict(state["scaler"])
+    except (RuntimeError, KeyError, ValueError) as e:  # other shapes, layers, param groups
+        raise CheckpointMismatch("the checkpoint's model or optimizer does not fit this config: "
+                                 f"{one_line(e)[:200]}") from None
     parts.trainer.load_state_dict(saved)
     step.updates = state["updates"]
     parts.history[:] = state["history"]

@@ -33,8 +33,6 @@ class Objective:
     def __call__(self, trial) -> float:
         import optuna
 
-        from accel.train import train
-
         job = self.job
         trial.set_user_attr(st.ATTR_INVOCATION, job.invocation)
         trial.set_user_attr(st.ATTR_HOST, socket.gethostname())
@@ -43,10 +41,7 @@ class Objective:
         try:
             cfg = trial_config(job.cfg, job.dims, trial)
             with scratch_dir() as tmp:
-                result = train(cfg, trial=trial, run_name=st.trial_run_name(trial.number),
-                               tags=st.trial_tags(job.study, trial.number, job.invocation),
-                               parent_run_id=job.parent_run_id,
-                               resume=self._resume_point(trial, Path(tmp)))
+                result = self._train(cfg, trial, self._resume_point(trial, Path(tmp)))
             run_id = result.run_id
             values = objective_values(result, objectives(job.cfg.search))
             state = "COMPLETE"
@@ -66,6 +61,23 @@ class Objective:
             raise
         finally:
             self._close(trial, state, run_id, error, interrupted)
+
+    def _train(self, cfg, trial, resume):
+        """The trial's run; a retry carries on from `resume` where its checkpoint fits the
+        config (the study may have been rerun with other settings), else starts fresh."""
+        from accel.train import train
+        from accel.train.checkpoint import CheckpointMismatch
+
+        job = self.job
+        kwargs = dict(trial=trial, run_name=st.trial_run_name(trial.number),
+                      tags=st.trial_tags(job.study, trial.number, job.invocation),
+                      parent_run_id=job.parent_run_id)
+        try:
+            return train(cfg, resume=resume, **kwargs)
+        except CheckpointMismatch as e:  # raised before train() opens a run, with resume only
+            warn(f"trial {trial.number}: run {resume.source_run_id}: {e}: the retry starts "
+                 "from epoch 1")
+        return train(cfg, **kwargs)
 
     def _resume_point(self, trial, dest: Path):
         """A trial retried after its worker died carries on from the last checkpoint of the
