@@ -127,6 +127,36 @@ class Rerun:
     run_id: str | None
     metrics: dict[str, float]
     epoch_time_s: float
+    scores: dict[str, float] = field(default_factory=dict)  # study objectives (`scores`)
+
+
+# --- what is compared -------------------------------------------------------------------------
+
+
+def held_to(cfg: Config) -> list[str]:
+    """The metrics the rerun is compared on: a multi-objective study's objectives, else
+    search.metric."""
+    return [m for m, _ in config.objectives(cfg.search)]
+
+
+def scores(tracker, run_id: str, cfg: Config) -> dict[str, float]:
+    """A run's objective values as its study scored them (accel.tune.objective): validation
+    metrics at the best epoch by search.metric, costs over the whole run; read from the
+    per-epoch metrics it logged, so a run stopped before its summary is scored too."""
+    from accel.train import find_best_epoch
+    from accel.train.run_log import run_costs
+
+    s = cfg.search
+    names = {*held_to(cfg), s.metric, "epoch_time_s", "train_throughput", "peak_memory_mb"}
+    curves = {n: {m.step: m.value for m in tracker.client.get_metric_history(run_id, n)}
+              for n in names}
+    steps = sorted(set.intersection(*(set(c) for c in curves.values())))
+    if not steps:
+        raise ConfigError(f"run {run_id} logged no epoch with all of {', '.join(sorted(names))}"
+                          ": nothing to compare against")
+    rows = [{n: curves[n][step] for n in names} for step in steps]
+    best, costs = rows[find_best_epoch(rows, s.metric, s.direction) - 1], run_costs(rows)
+    return {m: costs[m] if m in config.COST_METRICS else best[m] for m in held_to(cfg)}
 
 
 def point_at(cfg: Config, uri: str, experiment: str) -> None:
@@ -165,35 +195,31 @@ def rerun(original: Original, tracker, seeds: list[int]) -> list[Rerun]:
             },
         )
         times = [row[TIME_METRIC] for row in result.history]
-        out.append(Rerun(seed, result.run_id, result.metrics, statistics.median(times)))
+        scored = scores(tracker, result.run_id, cfg) if cfg.search.objectives else {}
+        out.append(Rerun(seed, result.run_id, result.metrics, statistics.median(times), scored))
     return out
 
 
-def table(original: Original, reruns: list[Rerun], metric: str) -> str:
-    """Original vs the logged-seed rerun, and mean / std / range over all seeds."""
-    names = [m for m in TABLE_METRICS if m in original.metrics or m == metric]
-    if metric not in names:
-        names.insert(0, metric)
+def table(original: Original, reruns: list[Rerun], metric: str,
+          scored: dict[str, float] | None = None) -> str:
+    """Original vs the logged-seed rerun, and mean / std / range over all seeds. `scored`, the
+    original's objective values (a multi-objective study), puts them first."""
     first, k = reruns[0], len(reruns)
     head = ["metric", "original", f"rerun seed {first.seed}", "diff"]
     if k > 1:
         head += [f"mean ({k} seeds)", "std", "min", "max"]
     rows = [head]
-    for name in [*names, TIME_METRIC]:
-        if name == TIME_METRIC:
-            orig, values = original.epoch_time_s, [r.epoch_time_s for r in reruns]
-            label = f"{TIME_METRIC} (median)"
-        else:
-            orig, values = original.metrics.get(name), [r.metrics.get(name) for r in reruns]
-            label = name + (" *" if name == metric else "")
-        if any(v is None for v in values):
-            continue
-        diff = values[0] - orig if orig is not None else None
-        row = [label, fmt(orig), fmt(values[0]), fmt(diff, sign=True)]
-        if k > 1:  # spread over seeds: sample std and range
-            row += [fmt(statistics.fmean(values)), fmt(statistics.stdev(values)),
-                    fmt(min(values)), fmt(max(values))]
-        rows.append(row)
+    rows += [_row(f"{name} *", orig, [r.scores[name] for r in reruns])
+             for name, orig in (scored or {}).items()]
+    names = [m for m in TABLE_METRICS if m in original.metrics or m == metric]
+    if metric not in names:
+        names.insert(0, metric)
+    for name in names:
+        label = name + (" *" if name == metric and not scored else "")
+        rows.append(_row(label, original.metrics.get(name), [r.metrics.get(name) for r in reruns]))
+    rows.append(_row(f"{TIME_METRIC} (median)", original.epoch_time_s,
+                     [r.epoch_time_s for r in reruns]))
+    rows = [row for row in rows if row]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [
         "  ".join(
@@ -207,26 +233,58 @@ def table(original: Original, reruns: list[Rerun], metric: str) -> str:
         f"run {original.run_id} ({original.experiment}, config from {original.source}) "
         f"vs rerun(s) with seed(s) {seeds}"
     )
-    footer = (
-        "* the search metric; other seeds also change the train/val split; "
-        "epoch time depends on the machine and its load"
-    )
+    starred = ("the study's objectives as it scored them (validation metrics at the best "
+               "epoch, costs over the whole run)" if scored else "the search metric")
+    footer = (f"* {starred}; other seeds also change the train/val split; "
+              "epoch time depends on the machine and its load")
     return "\n".join([title, *lines, footer])
 
 
-def verdict(
-    original: Original, reruns: list[Rerun], metric: str, tolerance: float
-) -> tuple[bool, str]:
-    orig, new = original.metrics[metric], reruns[0].metrics[metric]
+def _row(label: str, orig: float | None, values: list[float | None]) -> list[str]:
+    """One table row; none where a rerun lacks the metric."""
+    if any(v is None for v in values):
+        return []
+    diff = values[0] - orig if orig is not None else None
+    row = [label, fmt(orig), fmt(values[0]), fmt(diff, sign=True)]
+    if len(values) > 1:  # spread over seeds: sample std and range
+        row += [fmt(statistics.fmean(values)), fmt(statistics.stdev(values)),
+                fmt(min(values)), fmt(max(values))]
+    return row
+
+
+def verdict(original: Original, reruns: list[Rerun], metric: str, tolerance: float,
+            scored: dict[str, float] | None = None) -> tuple[bool, str]:
+    """Reproduced when the held metrics are within `tolerance`: search.metric, or the study's
+    objectives (`scored`) that are not costs; costs depend on the machine and its load, so
+    they are reported, not held (a study of costs alone is held to search.metric)."""
+    if not scored:
+        return _verdict([_held(metric, original.metrics[metric], reruns[0].metrics[metric],
+                               tolerance)])
+    parts = [_held(m, v, reruns[0].scores[m], tolerance) for m, v in scored.items()
+             if m not in config.COST_METRICS]
+    if not parts:
+        parts = [_held(metric, original.metrics[metric], reruns[0].metrics[metric], tolerance)]
+    parts += [_cost(m, v, reruns[0].scores[m]) for m, v in scored.items()
+              if m in config.COST_METRICS]
+    return _verdict(parts)
+
+
+def _held(name: str, orig: float, new: float, tolerance: float) -> tuple[bool, str]:
     diff = abs(new - orig)
-    ok = diff <= tolerance
-    how = "exactly" if diff == 0 else f"|diff| {diff:.3g} <= {tolerance:g}"
-    if ok:
-        return True, f"reproduced: {metric} {new:.4f} vs {orig:.4f} ({how})"
-    return False, (
-        f"NOT reproduced: {metric} {new:.4f} vs {orig:.4f} "
-        f"(|diff| {diff:.3g} > tolerance {tolerance:g})"
-    )
+    how = ("exactly" if diff == 0 else f"|diff| {diff:.3g} <= {tolerance:g}" if diff <= tolerance
+           else f"|diff| {diff:.3g} > tolerance {tolerance:g}")
+    return diff <= tolerance, f"{name} {new:.4f} vs {orig:.4f} ({how})"
+
+
+def _cost(name: str, orig: float, new: float) -> tuple[bool, str]:
+    change = f"{(new - orig) / orig:+.1%}" if orig else "n/a"
+    return True, (f"{name} {new:.4g} vs {orig:.4g} ({change}; a cost: depends on the machine "
+                  "and its load, not held to --tolerance)")
+
+
+def _verdict(parts: list[tuple[bool, str]]) -> tuple[bool, str]:
+    ok = all(good for good, _ in parts)
+    return ok, ("reproduced: " if ok else "NOT reproduced: ") + "; ".join(t for _, t in parts)
 
 
 def reproduce(
@@ -240,6 +298,8 @@ def reproduce(
     tracker = open_store(tracking_uri)
     original = load_original(tracker, run_id)
     metric = original.config.search.metric
+    scored = scores(tracker, run_id, original.config) if original.config.search.objectives \
+        else None
     if metric not in original.metrics:
         raise ConfigError(
             f"run {run_id} logged no {metric} (search.metric): nothing to compare "
@@ -252,9 +312,9 @@ def reproduce(
 
     base = original.config.train.seed
     reruns = rerun(original, tracker, [base + i for i in range(seeds)])
-    print(table(original, reruns, metric))
+    print(table(original, reruns, metric, scored))
     print("reruns: " + ", ".join(str(r.run_id) for r in reruns))
-    ok, line = verdict(original, reruns, metric, tolerance)
+    ok, line = verdict(original, reruns, metric, tolerance, scored)
     print(line)
     return (0 if ok else EXIT_NOT_REPRODUCED), original, reruns
 

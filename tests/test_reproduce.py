@@ -270,3 +270,34 @@ def test_best_trial_of_a_study_reproduces_as_printed(original, tmp_path, capsys)
     assert best.data.tags.get("accel.role") == "trial"
     for name in COMPARED:
         assert rerun.data.metrics[name] == best.data.metrics[name], name
+
+
+def test_a_multi_objective_trial_is_held_to_the_studys_objectives(original, tmp_path):
+    """The trial's values are what the study scored: each objective is compared (validation
+    metrics at the best epoch, exactly on one CPU stack; costs shown, not held to the
+    tolerance), not search.metric, which is not one of them here."""
+    import optuna
+
+    from accel.tune.storage import open_storage
+
+    uri = f"sqlite:///{_initialised_store(original, tmp_path / 'mlruns') / 'mlflow.db'}"
+    storage = str(tmp_path / "optuna.journal")
+    objectives = ("search.objectives=[{metric: val_f1, direction: maximize}, "
+                  "{metric: peak_memory_mb, direction: minimize}]")
+    space = "search.space={train.lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}}"
+    proc = run_cli("tune", *TINY_OVERRIDES, "train.epochs=3", objectives, space,
+                   "search.pruner=none", "--study", "mo", "--n-trials", "1", "--storage",
+                   storage, "--tracking-uri", uri)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [trial] = optuna.load_study(study_name="mo", storage=open_storage(storage)).trials
+    proc = run_cli("reproduce", trial.user_attrs["mlflow_run_id"], "--tracking-uri", uri)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    row = next(line.split() for line in lines if line.startswith("val_f1 *"))
+    assert float(row[2]) == pytest.approx(trial.values[0], abs=5e-5)  # the trial's own value
+    assert row[3] == row[2]  # the rerun's
+    assert any(line.startswith("peak_memory_mb *") for line in lines)
+    verdict = lines[-1]
+    assert verdict.startswith("reproduced: val_f1 ") and "(exactly)" in verdict, verdict
+    assert "peak_memory_mb " in verdict and "not held to --tolerance" in verdict
+    assert "val_accuracy" not in verdict  # search.metric is not an objective of this study
