@@ -27,6 +27,7 @@ def cli_resume(args) -> int:
     if original.status == "FINISHED":
         raise ConfigError(f"run {run_id} is FINISHED: nothing to resume "
                           f"(`accel reproduce {run_id}` trains it again)")
+    refuse_a_trial(tracker, run_id)
     if original.status == "RUNNING":
         warn(f"run {run_id} is marked RUNNING: if its process still runs somewhere, stop it "
              "first (a process killed with SIGKILL leaves its run RUNNING)")
@@ -51,3 +52,16 @@ def cli_resume(args) -> int:
                           "start") from None
     print(describe(result))
     return 0
+
+
+def refuse_a_trial(tracker, run_id: str) -> None:
+    """A study trial's run is carried on by its study (Optuna retries the trial, which resumes
+    from the run's checkpoint in a new run): resumed here, the run would end FINISHED while the
+    study keeps the trial FAIL, and `accel best` would never see it."""
+    tags = tracker.client.get_run(run_id).data.tags
+    if tags.get("accel.role") == "trial":
+        study = tags.get("accel.study", "?")
+        raise ConfigError(
+            f"run {run_id} is trial {tags.get('optuna.trial_number', '?')} of study {study}, and "
+            "a study retries its own trials from their checkpoints: run "
+            f"`accel tune --study {study}` again with the study's config and storage")

@@ -368,6 +368,27 @@ def test_a_retry_whose_config_no_longer_fits_the_checkpoint_starts_fresh(tmp_pat
     assert [s for s, _ in curves(store, run.info.run_id)["val_loss"]] == [1, 2, 3, 4]
 
 
+def test_resume_of_a_study_trials_run_is_refused(tmp_path):
+    """A trial's run belongs to its study, which retries it (Optuna's record and the run's tags
+    stay in step): `accel resume` refuses it in one line and leaves the run as it was."""
+    store, _, args, env = retried_study(tmp_path, "journal")
+    run_id, code, _ = interrupt(args, lambda: wait_for_trial_epochs(store, 1), signal.SIGTERM,
+                                env)
+    assert code == 143
+    before, logged = client(store).get_run(run_id), curves(store, run_id)
+    assert "checkpoint/last-a.pt" in artifacts(store, run_id)  # it could be carried on
+
+    out = run_cli("resume", run_id, "--tracking-uri", store)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"accel: error: run {run_id} is trial 0 of study r, and a study retries its own trials "
+        "from their checkpoints: run `accel tune --study r` again with the study's config and "
+        "storage"]
+    after = client(store).get_run(run_id)
+    assert (after.info.status, after.data.tags) == (before.info.status, before.data.tags)
+    assert curves(store, run_id) == logged
+
+
 def wait_for_trial_epochs(store: str, epochs: int, timeout_s: float = 120) -> str:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
