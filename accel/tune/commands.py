@@ -85,7 +85,7 @@ def _set_up(cfg: Config, args, warm_start: tuple[list, list, str | None]):
     try:
         with signals.deferred_stops():
             study, job = prepare(cfg, args.study or cfg.name, args.storage, args.tracking_uri,
-                                 queued=warm_start[0])
+                                 queued=warm_start[0], node=True)
             _warm_start(study, job, warm_start)
             job.workers = args.workers
             job.deadline = time.time() + args.timeout if args.timeout else None

@@ -160,14 +160,16 @@ def _creator_gone(study) -> bool:
 
 
 def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
-            tracking_uri: str | None = None, queued: list[tuple] = ()):
+            tracking_uri: str | None = None, queued: list[tuple] = (), *, node: bool = False):
     """Study and parent run, made once before any worker (or any other node) runs a trial.
 
     Bad input fails first and cheaply (space, model name, storage URL, MLflow store, conflicting
     study). The process that creates (or adopts) the study makes the parent run, queues the
     baseline trial and writes the definition, in that order, so other nodes find all three.
     `queued` (run id, values) pairs (`--enqueue`) become the next trials, in a new study before
-    the file's `search.enqueue` and its baseline. Returns (optuna study, TuneJob)."""
+    the file's `search.enqueue` and its baseline. `node`: this process works on the study (the
+    `accel tune` command): its lease (nodes.py) begins before the parent run is reopened, and
+    the caller ends it. Returns (optuna study, TuneJob)."""
     check_study_name(study_name)
     dims = check_search(cfg)
     warm.check_file_enqueue(cfg, dims)
@@ -186,7 +188,8 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
     study, created = open_study(cfg, dims, study_name,
                                 open_storage(storage_url, on_stale=RetryStaleTrial(uri)))
     invocation = uuid.uuid4().hex[:12]
-    write_lease(study, invocation)  # before the parent run is reopened: this node is live
+    if node:  # live before the parent run is reopened: no other process ends it meanwhile
+        write_lease(study, invocation)
     parent = st.ensure_parent_run(Tracker(uri), study, cfg, storage_url)
     if created:
         warm.enqueue_runs(study, queued)  # what the user asked for first, the file's next
