@@ -34,8 +34,8 @@ class DataError(ConfigError):
 
 @dataclass
 class Data:
-    train: DataLoader
-    val: DataLoader
+    train: DataLoader | None  # None: evaluation of one split (build_eval_data)
+    val: DataLoader | None
     test: DataLoader | None
     num_classes: int
     in_chans: int
@@ -155,16 +155,13 @@ def _image_splits(cfg: Config, size_default: int):
             _raw_dataset(kind, root, "train", None, download=True)
             _raw_dataset(kind, root, "test", None, download=True)
         has_val, has_test = False, True
-        mean, std = (
-            (CIFAR10_MEAN, CIFAR10_STD) if kind == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
-        )
 
     probe = _raw_dataset(kind, root, "train", transform=None)
     classes = list(probe.classes)
     native, mode = size_default, "RGB"
     if kind == "imagefolder":  # its own size and channels, read off the first image
         native, mode = _first_image(probe)
-        mean, std = (GRAY_MEAN, GRAY_STD) if mode == "L" else (IMAGENET_MEAN, IMAGENET_STD)
+    mean, std = normalisation(kind, len(mode))
     size = cfg.model.img_size or native
 
     def build(split: str, train: bool):
@@ -190,6 +187,50 @@ def _image_splits(cfg: Config, size_default: int):
     train_ds = Subset(train_ds, train_idx)
     test_ds = build("test", False) if has_test else None
     return train_ds, val_ds, test_ds, classes, len(mode), size
+
+
+def normalisation(kind: str, in_chans: int) -> tuple[tuple, tuple]:
+    """(mean, std) in [0, 1] pixel units that a dataset's images are normalised with."""
+    if kind == "digits":
+        return DIGITS_MEAN, DIGITS_STD
+    if kind in ("cifar10", "cifar100"):
+        return (CIFAR10_MEAN, CIFAR10_STD) if kind == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
+    return (GRAY_MEAN, GRAY_STD) if in_chans == 1 else (IMAGENET_MEAN, IMAGENET_STD)
+
+
+def to_unit_range(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """Normalised [N, C, H, W] batches of dataset `kind` back to [0, 1] images: what a served
+    model (accel.tracking.model.served) takes."""
+    mean, std = normalisation(kind, x.shape[1])
+    return x * torch.tensor(std).view(1, -1, 1, 1) + torch.tensor(mean).view(1, -1, 1, 1)
+
+
+def build_eval_data(cfg: Config, device: torch.device, size: int | None = None) -> Data:
+    """The data `accel evaluate` scores: where an imagefolder root has no train/ folder, only
+    the split it evaluates is read (root/test, else root/val, else root/<class>/* itself as the
+    test split) at `size` (the model's; default model.img_size, else the images' own); anything
+    else is `build_data`."""
+    root = Path(cfg.data.root).expanduser()
+    if cfg.data.dataset != "imagefolder" or (root / "train").is_dir():
+        return build_data(cfg, device)
+    split = next((s for s in ("test", "val") if (root / s).is_dir()), None)
+    folder = root / split if split else root
+    try:
+        probe = _raw_dataset("imagefolder", str(folder), "", transform=None)
+    except (FileNotFoundError, OSError) as e:  # no such folder, or no class folders in it
+        raise DataError(f"data.root={str(root)!r}: no images to evaluate ({e}); give a "
+                        "folder of test/<class>/*, val/<class>/*, train/<class>/* or <class>/*"
+                        ) from None
+    native, mode = _first_image(probe)
+    side = size or cfg.model.img_size or native
+    mean, std = normalisation("imagefolder", len(mode))
+    ds = _raw_dataset("imagefolder", str(folder), "",
+                      transform=_transforms(False, side, native, mean, std, False), mode=mode)
+    loader = DataLoader(ds, batch_size=max(cfg.train.batch_size, 256), shuffle=False,
+                        num_workers=cfg.data.num_workers)
+    return Data(train=None, val=None if split != "val" else loader,
+                test=loader if split != "val" else None, num_classes=len(ds.classes),
+                in_chans=len(mode), img_size=side, classes=list(ds.classes))
 
 
 def _first_image(ds) -> tuple[int, str]:

@@ -17,7 +17,9 @@ from typing import Any
 from accel.config import Config
 from accel.console import fmt
 from accel.errors import ConfigError, one_line
+from accel.tracking import retry_locked
 from accel.tracking.lineage import CONTEXTS
+from accel.tracking.model import METADATA_CLASSES, METADATA_INPUT, SERVED_INPUT
 from accel.tracking.store import open_store
 from accel.uris import redact, with_driver
 
@@ -50,12 +52,14 @@ def source_run(tracker, uri: str) -> str:
 
 
 def load(uri: str):
-    """The model, through MLflow, on the CPU."""
+    """(the model, through MLflow, on the CPU; its metadata: {} for a model logged before it
+    carried its classes and took [0, 1] images)."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
     try:
-        return mlflow.pytorch.load_model(uri, map_location="cpu")
+        model = mlflow.pytorch.load_model(uri, map_location="cpu")
+        return model, mlflow.models.get_model_info(uri).metadata or {}
     except (MlflowException, OSError) as e:
         raise ConfigError(f"cannot load model {uri}: {one_line(e)}") from None
 
@@ -69,17 +73,33 @@ class Evaluation:
     lineage: dict  # the split's record (accel.tracking.lineage)
 
 
-def evaluate(model, cfg: Config) -> Evaluation:
+@dataclass
+class _Job:
+    """What is scored, checked before any run opens."""
+    model: Any
+    split: str
+    loader: Any
+    classes: list[str]
+    data: Any
+
+
+def evaluate(model, cfg: Config, metadata: dict | None = None) -> Evaluation:
     """`model` on the test split of cfg's data (its validation split where there is none)."""
+    return score(prepare(model, cfg, metadata or {}), cfg)
+
+
+def prepare(model, cfg: Config, metadata: dict) -> _Job:
+    """The data and the model ready to score; data the model cannot take: ConfigError."""
     import torch
 
-    from accel.data import build_data
-    from accel.engine import create_evaluator
-    from accel.train.run_log import data_records
+    from accel.data import build_eval_data
 
-    data = build_data(cfg, torch.device("cpu"))
+    shape = metadata.get("input_shape")
+    data = build_eval_data(cfg, torch.device("cpu"), size=shape[-1] if shape else None)
     split, loader = ("test", data.test) if data.test is not None else ("val", data.val)
-    x, _ = next(iter(loader))
+    model = _Evaluable(model, cfg.data.dataset if _takes_unit_range(metadata) else None)
+    # Two images, not a batch: a check that need not read the split.
+    x = torch.stack([loader.dataset[i][0] for i in range(min(2, len(loader.dataset)))])
     try:
         with torch.no_grad():
             outputs = model(x[:2].float()).shape[-1]
@@ -88,28 +108,60 @@ def evaluate(model, cfg: Config) -> Evaluation:
     except (RuntimeError, ValueError, AssertionError) as e:
         raise ConfigError(f"the model cannot take {cfg.data.dataset} images of shape "
                           f"{tuple(x.shape[1:])}: {one_line(e)[:160]}") from None
-    if outputs != data.num_classes:
+    classes = _align(loader.dataset, metadata.get(METADATA_CLASSES), data.classes)
+    if outputs != len(classes):
         raise ConfigError(f"the model predicts {outputs} classes, {cfg.data.dataset} "
-                          f"({cfg.data.root}) has {data.num_classes}: wrong data for this model")
-    evaluator = create_evaluator(_Evaluable(model), data.num_classes, torch.device("cpu"),
+                          f"({cfg.data.root}) has {len(classes)}: wrong data for this model")
+    return _Job(model, split, loader, classes, data)
+
+
+def score(job: _Job, cfg: Config) -> Evaluation:
+    import torch
+
+    from accel.engine import create_evaluator
+    from accel.train.run_log import data_records
+
+    evaluator = create_evaluator(job.model, len(job.classes), torch.device("cpu"),
                                  tta=cfg.eval.tta)  # scored as the run scored it
-    m = evaluator.run(loader).metrics
-    matrix = m["confusion_matrix"]
+    m = evaluator.run(job.loader).metrics
+    matrix, split = m["confusion_matrix"], job.split
     per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
     metrics = {f"{split}_accuracy": m["accuracy"], f"{split}_f1": float(m["f1"]),
                f"{split}_loss": m["loss"], "images": float(matrix.sum())}
-    metrics.update({f"{split}_class_accuracy.{c}": a for c, a in zip(data.classes, per_class,
-                                                                      strict=True)})
-    lineage = next(r for r in data_records(cfg, data) if r["context"] == CONTEXTS[split])
-    return Evaluation(split, metrics, data.classes, matrix, lineage)
+    present = matrix.sum(dim=1) > 0  # a folder may hold some of the model's classes only
+    metrics.update({f"{split}_class_accuracy.{c}": a for c, a, seen in
+                    zip(job.classes, per_class, present.tolist(), strict=True) if seen})
+    # After scoring: the record reads the files the evaluation has just read.
+    lineage = next(r for r in data_records(cfg, job.data) if r["context"] == CONTEXTS[split])
+    return Evaluation(split, metrics, job.classes, matrix, lineage)
+
+
+def _takes_unit_range(metadata: dict) -> bool:
+    return metadata.get(METADATA_INPUT) == SERVED_INPUT
+
+
+def _align(dataset, model_classes: list[str] | None, data_classes: list[str]) -> list[str]:
+    """The classes scored: the model's, where it names them. A folder's labels (its own
+    sorted class folders, maybe fewer) are mapped to the model's; an unknown class is refused."""
+    if not model_classes:
+        return data_classes
+    unknown = sorted(set(data_classes) - set(model_classes))
+    if unknown:
+        raise ConfigError(f"the data has classes the model does not know: {', '.join(unknown)} "
+                          f"(it knows {', '.join(model_classes)})")
+    if hasattr(dataset, "class_to_idx"):  # an ImageFolder: labels of its own listing
+        index = [model_classes.index(c) for c in dataset.classes]
+        dataset.target_transform = index.__getitem__
+    return list(model_classes)
 
 
 class _Evaluable:
     """An exported (pt2) program cannot be switched to eval mode; it already is: `eval()` is
-    then a no-op. Anything else is called as is."""
+    then a no-op. A model that normalises inside gets the data's batches as [0, 1] images
+    (`unit_range`: the dataset they are normalised as). Anything else is called as is."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, unit_range: str | None = None):
+        self.model, self.unit_range = model, unit_range
 
     def eval(self):
         # torch.export modules refuse train()/eval(): they were traced in eval mode
@@ -118,40 +170,69 @@ class _Evaluable:
         return self
 
     def __call__(self, x):
+        if self.unit_range is not None:
+            from accel.data import to_unit_range
+
+            x = to_unit_range(x, self.unit_range)
         return self.model(x)
 
 
 def cli_evaluate(args, overrides: list[str]) -> int:
     import mlflow
 
-    from accel import config
-    from accel.reproduce import load_original
-    from accel.tracking.lineage import log_splits
-    from accel.train.run_log import log_confusion_matrix
-
     uri = args.model_uri
     tracker = open_store(args.tracking_uri)
     mlflow.set_tracking_uri(with_driver(tracker.uri))
     run_id = source_run(tracker, uri)
-    if args.config:
-        cfg = config.load(args.config, overrides)
-    else:  # the data the model was trained on, unless overridden
-        cfg = load_original(tracker, run_id).config
-        for item in overrides:
-            config.set_key(cfg, *config.parse_override(item))
-        config.validate(cfg)
-    done = evaluate(load(uri), cfg)
-    run = tracker.start_run(cfg.tracking.experiment or cfg.name, f"evaluate-{_short(uri)}",
-                            tags={"accel.role": "evaluate", "accel.evaluates": uri,
-                                  "accel.model_run_id": run_id})
-    tracker.log_config(run, cfg)
-    tracker.log_metrics(run, done.metrics, step=0)
-    log_splits(tracker.client, run, [done.lineage])
-    log_confusion_matrix(tracker, run, done.confusion_matrix, done.classes)
-    tracker.end_run(run, "FINISHED")
+    cfg = _config(tracker, run_id, args.config, overrides)
+    model, metadata = load(uri)
+    job = prepare(model, cfg, metadata)  # bad data: one line, before any run opens
+    run, done = _tracked(tracker, uri, run_id, cfg, job)
     print(table(uri, done.split, cfg, done.metrics))
     print(f"mlflow run: {run} ({redact(tracker.uri)})")
     return 0
+
+
+def _config(tracker, run_id: str, path: str | None, overrides: list[str]) -> Config:
+    """The config given, else the data the model was trained on, with the overrides."""
+    from accel import config
+    from accel.reproduce import load_original
+
+    if path:
+        return config.load(path, overrides)
+    cfg = load_original(tracker, run_id).config
+    for item in overrides:
+        config.set_key(cfg, *config.parse_override(item))
+    config.validate(cfg)
+    return cfg
+
+
+def _tracked(tracker, uri: str, run_id: str, cfg: Config, job: _Job) -> tuple[str, Evaluation]:
+    """Score inside an evaluation run: FINISHED, KILLED on Ctrl-C or SIGTERM, else FAILED."""
+    from accel import signals
+    from accel.tracking.lineage import log_splits
+    from accel.train.run_log import log_confusion_matrix
+
+    run, status = None, "FAILED"
+    try:
+        with signals.deferred_stops():  # a stop while the run is made: it still ends KILLED
+            run = tracker.start_run(cfg.tracking.experiment or cfg.name,
+                                    f"evaluate-{_short(uri)}",
+                                    tags={"accel.role": "evaluate", "accel.evaluates": uri,
+                                          "accel.model_run_id": run_id})
+        tracker.log_config(run, cfg)
+        done = score(job, cfg)
+        tracker.log_metrics(run, done.metrics, step=0)
+        log_splits(tracker.client, run, [done.lineage])
+        log_confusion_matrix(tracker, run, done.confusion_matrix, done.classes)
+        status = "FINISHED"
+        return run, done
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        if run is not None:
+            retry_locked(tracker.end_run, run, status)
 
 
 def _short(uri: str) -> str:

@@ -19,6 +19,7 @@ from accel.reproduce import load_original
 from accel.tracking.model import log_torch_model
 
 DEFAULT_ALIAS = "champion"
+MAX_NAME = 255  # characters: MLflow's limit for aliases; its SQL stores keep names in 256
 
 
 @dataclass
@@ -31,32 +32,36 @@ class Registered:
 
 
 def rebuild(tracker, run_id: str, cfg: Config):
-    """The run's network with its best.pt weights, in eval mode on the CPU, and one input
-    example (two validation images, float32 [2, C, H, W]) from the run's own data."""
+    """The run's network with its best.pt weights as users call it (accel.tracking.model.served:
+    [0, 1] images, normalised inside, class names in the metadata), and one input example (two
+    validation images in [0, 1], float32 [2, C, H, W]): (module, example, metadata)."""
     import torch
 
     from accel import models
-    from accel.data import build_data
+    from accel.data import build_data, normalisation, to_unit_range
+    from accel.tracking.model import served
 
     data = build_data(cfg, torch.device("cpu"))
-    model = models.build_model(cfg, data.num_classes, data.in_chans, data.img_size)
+    net = models.build_model(cfg, data.num_classes, data.in_chans, data.img_size)
     with tempfile.TemporaryDirectory(prefix="accel-") as tmp:
         try:
             path = tracker.client.download_artifacts(run_id, "checkpoint/best.pt", tmp)
         except Exception:
             raise ConfigError(f"run {run_id} has no checkpoint/best.pt (it ran with "
                               "tracking.log_checkpoint=false?): nothing to register") from None
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    model.eval()
+        net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    mean, std = normalisation(cfg.data.dataset, data.in_chans)
+    shape = (data.in_chans, data.img_size, data.img_size)
+    module, metadata = served(net.eval(), data.classes, shape, mean, std)
     x, _ = next(iter(data.val))
     # Two images: with one, torch.export fixes the batch dimension at 1.
-    return model, x[:2].float().numpy()
+    return module, to_unit_range(x[:2].float(), cfg.data.dataset).numpy(), metadata
 
 
 def log_model(tracker, run_id: str, cfg: Config) -> tuple[str, str]:
     """Log run_id's best weights as an MLflow PyTorch model in that run: (model URI, format)."""
-    model, example = rebuild(tracker, run_id, cfg)
-    return log_torch_model(tracker.uri, run_id, model, example, cfg.model.name)
+    model, example, metadata = rebuild(tracker, run_id, cfg)
+    return log_torch_model(tracker.uri, run_id, model, example, cfg.model.name, metadata)
 
 
 def register(tracker, run_id: str, name: str, alias: str = DEFAULT_ALIAS,
@@ -73,11 +78,28 @@ def register(tracker, run_id: str, name: str, alias: str = DEFAULT_ALIAS,
     return Registered(name, str(version.version), alias, model_uri, serialization)
 
 
-def check_name(name: str, alias: str) -> None:
-    """Bad names fail before anything is logged."""
-    for what, value in (("--register", name), ("--alias", alias)):
-        if not value or value != value.strip() or "/" in value or "@" in value:
-            raise ConfigError(f"{what} {value!r}: a name without spaces at the ends, '/' or '@'")
-    if alias.lower().startswith("v") and alias[1:].isdigit():
-        raise ConfigError(f"--alias {alias!r}: names like v1 are reserved for versions")
+# What MLflow's registry accepts (mlflow.utils.validation), said in one line each; accel adds
+# no '@' in names (models:/NAME@ALIAS) and no spaces at the ends.
+NAME_RULE = ("a model name is not blank, '.' or '..'-prefixed, has no '/', ':' or '@' and "
+             f"no spaces at the ends, at most {MAX_NAME} characters")
+ALIAS_RULE = ("an alias is letters, digits, '_' and '-' (at most 255), not 'latest' nor "
+              "v<number> (MLflow reserves them)")
 
+
+def check_name(name: str, alias: str) -> None:
+    """Names and aliases MLflow would refuse fail here, before anything is logged."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils import validation
+
+    checks = (("--register", name, NAME_RULE, (validation._validate_model_name,)),
+              ("--alias", alias, ALIAS_RULE, (validation._validate_model_alias_name,
+                                              validation._validate_model_alias_name_reserved)))
+    for flag, value, rule, validators in checks:
+        ok = value == value.strip() and "@" not in value and len(value) <= MAX_NAME
+        try:
+            for validate in validators:
+                validate(value)
+        except MlflowException:
+            ok = False
+        if not ok:
+            raise ConfigError(f"{flag} {value!r}: {rule}")

@@ -1,6 +1,13 @@
 """A trained network as an MLflow PyTorch model, logged into a run (`name="model"`), with a
 signature and an input example.
 
+The served form (`served`) takes images as users have them: float32 NCHW in [0, 1] at the
+trained size. It normalises inside the module with the training data's mean and std, and its
+class names are in the model's metadata (`METADATA_CLASSES`).
+
+The run is never reopened: the model is created in the run's experiment with the run as its
+source, so stopping here (Ctrl-C, SIGTERM, SIGKILL) leaves the run's status as it was.
+
 Serialization: `pt2` (`torch.export`, MLflow 3's default): the saved program loads without accel,
 timm or unpickling code. Where `torch.export` cannot trace a model, `pickle` (the module itself,
 which needs timm to load and runs code when loaded: load only models you trust) is used instead,
@@ -14,12 +21,30 @@ from accel.errors import one_line
 from accel.uris import with_driver
 
 MODEL_NAME = "model"  # the logged model's name in its run
+METADATA_CLASSES = "classes"  # class names, in the order of the model's outputs
+METADATA_INPUT = "input"  # what the model takes, e.g. "float32 NCHW [0, 1]"
+SERVED_INPUT = "float32 NCHW [0, 1]"
 
 
-def log_torch_model(tracking_uri: str, run_id: str, model, example, label: str
-                    ) -> tuple[str, str]:
-    """Log `model` (eval mode, CPU) into `run_id`: (model URI, serialization). `example` is a
-    float32 NumPy batch of two inputs: with one, torch.export fixes the batch size at 1."""
+def served(net, classes: list[str], shape: tuple[int, int, int], mean, std):
+    """(module, metadata) of `net` as users call it: [0, 1] images of `shape` (C, H, W),
+    normalised inside with the training data's `mean`/`std`, eval mode, CPU."""
+    import torch
+    from torchvision.transforms import v2
+
+    # torchvision's Normalize: the pickled fallback loads without accel; torch.export traces it
+    # into the program.
+    module = torch.nn.Sequential(v2.Normalize(list(mean), list(std)), net).cpu().eval()
+    metadata = {METADATA_CLASSES: list(classes), METADATA_INPUT: SERVED_INPUT,
+                "input_shape": [-1, *shape], "mean": list(mean), "std": list(std)}
+    return module, metadata
+
+
+def log_torch_model(tracking_uri: str, run_id: str, model, example, label: str,
+                    metadata: dict | None = None) -> tuple[str, str]:
+    """Log `model` (eval mode, CPU) into `run_id`, which stays as it is (not reopened): (model
+    URI, serialization). `example` is a float32 NumPy batch of two inputs: with one,
+    torch.export fixes the batch size at 1."""
     import mlflow
     import torch
     from mlflow.models import infer_signature
@@ -27,18 +52,30 @@ def log_torch_model(tracking_uri: str, run_id: str, model, example, label: str
     with torch.no_grad():
         signature = infer_signature(example, model(torch.from_numpy(example)).numpy())
     mlflow.set_tracking_uri(with_driver(tracking_uri))
-    with mlflow.start_run(run_id=run_id):
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    # Created here, in the run's experiment: without an active run MLflow would put it in the
+    # Default experiment, where runs:/RUN_ID/model does not find it.
+    logged = client.create_logged_model(run.info.experiment_id, name=MODEL_NAME,
+                                        source_run_id=run_id, params=run.data.params)
+    try:
         for serialization in ("pt2", "pickle"):
             try:
                 info = mlflow.pytorch.log_model(
-                    model, name=MODEL_NAME, input_example=example, signature=signature,
+                    model, name=MODEL_NAME, model_id=logged.model_id, run_id=run_id,
+                    input_example=example, signature=signature, metadata=metadata,
                     serialization_format=serialization, pip_requirements=_requirements())
+                client.set_logged_model_tags(logged.model_id,
+                                             {"accel.serialization": serialization})
                 return info.model_uri, serialization
             except Exception as e:
                 if serialization == "pickle":
                     raise
                 warn(f"torch.export cannot trace {label} ({one_line(e)[:150]}); logging it "
                      "pickled instead (loading it needs timm and runs code)")
+    except BaseException:  # an error or a stop: the half-logged model says so
+        client.finalize_logged_model(logged.model_id, "FAILED")
+        raise
     raise AssertionError("unreachable")
 
 
