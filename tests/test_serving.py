@@ -1,0 +1,112 @@
+"""A registered model people can call: it takes float images in [0, 1] (NCHW at the trained
+size), normalises inside, and names its classes in its metadata. Loaded in a fresh process
+without accel, through MLflow's pyfunc and the scoring server's /invocations handler, it
+predicts what `accel evaluate` scored."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import ROOT, TINY_OVERRIDES, run_cli
+
+# What a user runs, without accel: the README's serving example, called in-process. The
+# payload is what `curl -d @payload.json localhost:PORT/invocations` sends.
+CALLER = """
+import json, sys
+import mlflow, numpy as np
+from mlflow.pyfunc.scoring_server import invocations
+
+uri, images = sys.argv[1], np.load(sys.argv[2])
+model = mlflow.pyfunc.load_model(uri)
+classes = model.metadata.metadata["classes"]
+direct = model.predict(images).argmax(axis=1)
+payload = json.dumps({"inputs": images.tolist()})
+answer = invocations(payload, "application/json", model, model.metadata.get_input_schema())
+served = np.array(json.loads(answer.response)["predictions"]).argmax(axis=1)
+print(json.dumps({"status": answer.status, "classes": classes,
+                  "input": model.metadata.metadata["input"],
+                  "direct": [classes[i] for i in direct], "served": [classes[i] for i in served]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A one-trial digits study, its trial registered as served@champion: (store, run id)."""
+    tmp = tmp_path_factory.mktemp("serving")
+    exp = tmp / "s.yaml"
+    tiny = dict(item.split("=", 1) for item in TINY_OVERRIDES)
+    exp.write_text(yaml.safe_dump({"search": {"pruner": "none", "space": {
+        "train.lr": {"type": "float", "low": 5.0e-3, "high": 7.0e-3}}}}))
+    store = f"sqlite:///{tmp / 'mlruns' / 'mlflow.db'}"
+    where = ["--storage", str(tmp / "optuna.journal"), "--tracking-uri", store]
+    tiny.update({"train.epochs": "3", "train.epoch_length": "10"})  # enough to learn digits
+    overrides = [f"{k}={v}" for k, v in tiny.items()] + ["tracking.system_metrics=false"]
+    tune = run_cli("tune", str(exp), *overrides, "--study", "s", "--n-trials", "1", *where)
+    assert tune.returncode == 0, tune.stderr[-2000:]
+    best = run_cli("best", "--study", "s", "--register", "served", *where)
+    assert best.returncode == 0, best.stderr[-2000:]
+    run_id = next(line.split()[2] for line in best.stdout.splitlines()
+                  if line.startswith("mlflow run:"))
+    return store, run_id
+
+
+def unit_images(side: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """The trial's validation images as users have them: float32 [N, 1, side, side] in [0, 1]
+    (digits' 0..16 scaled, resized to the trained side), and their labels."""
+    import torch
+
+    from accel.data import load_digits_arrays, split_indices
+
+    images, labels = load_digits_arrays()
+    _, val = split_indices(len(labels), 0.1, 0)
+    x = torch.tensor(images[val], dtype=torch.float32).unsqueeze(1) / 16.0
+    x = torch.nn.functional.interpolate(x, size=(side, side), mode="bilinear",
+                                        align_corners=False)
+    return x.numpy(), labels[val]
+
+
+def test_a_fresh_process_calls_the_registered_model_on_0_1_images(served, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    store, run_id = served
+    images, labels = unit_images()
+    np.save(tmp_path / "images.npy", images)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": store}
+    proc = subprocess.run([sys.executable, "-c", CALLER, "models:/served@champion",
+                           str(tmp_path / "images.npy")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert answer["status"] == 200
+    assert answer["classes"] == [str(c) for c in range(10)]
+    assert answer["input"] == "float32 NCHW [0, 1]"
+    assert answer["served"] == answer["direct"]
+    accuracy = float(np.mean(np.array(answer["direct"]) == labels.astype(str)))
+    # accel's own evaluation of the same model on the same split scores the same predictions.
+    evaluation = run_cli("evaluate", "models:/served@champion", "--tracking-uri", store)
+    assert evaluation.returncode == 0, evaluation.stderr[-2000:]
+    eval_run = evaluation.stdout.split("mlflow run: ")[1].split()[0]
+    c = MlflowClient(store)
+    assert c.get_run(eval_run).data.metrics["val_accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    assert c.get_run(run_id).data.metrics["best_val_accuracy"] == pytest.approx(accuracy,
+                                                                                abs=1e-6)
+    assert accuracy > 0.3  # it learned (chance: 0.1): the predictions line up with the class names
+
+
+def test_the_model_refuses_images_of_another_size(served, tmp_path):
+    """NCHW at the trained size only: 8x8 digits are refused, not silently misread."""
+    store, _ = served
+    images, _ = unit_images(side=8)
+    np.save(tmp_path / "small.npy", images)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": store}
+    proc = subprocess.run([sys.executable, "-c", CALLER, "models:/served@champion",
+                           str(tmp_path / "small.npy")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 or json.loads(proc.stdout.splitlines()[-1])["status"] != 200
