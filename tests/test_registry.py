@@ -4,26 +4,34 @@ URIs, names and data fail in one line."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 import torch
 import yaml
 
 from accel.errors import ConfigError
 from tests.conftest import run_cli
+from tests.test_resume import interrupt
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """A two-trial digits study, its best trial registered as digits@champion."""
+    """A two-trial digits study, its best trial registered as digits@champion. The learning
+    rate warms up over the three epochs to a value that spoils the model: every trial's best
+    epoch is the second, so best.pt and the last epoch's weights differ."""
     tmp = tmp_path_factory.mktemp("registry")
     exp = tmp / "s.yaml"
     exp.write_text(yaml.safe_dump({
         "data": {"dataset": "digits", "num_workers": 0},
         "model": {"name": "test_resnet", "img_size": 16},
-        "train": {"epochs": 2, "epoch_length": 10, "batch_size": 16, "device": "cpu",
-                  "amp": "off"},
+        "train": {"epochs": 3, "epoch_length": 10, "batch_size": 16, "device": "cpu",
+                  "amp": "off", "optimizer": "adamw", "scheduler": "constant",
+                  "warmup_epochs": 3},
         "search": {"pruner": "none", "space": {
-            "train.lr": {"type": "float", "low": 1.0e-3, "high": 3.0e-3}}},
+            "train.lr": {"type": "float", "low": 2.5e-2, "high": 3.0e-2}}},
     }))
     store = f"sqlite:///{tmp / 'mlruns' / 'mlflow.db'}"
     where = ["--storage", str(tmp / "optuna.journal"), "--tracking-uri", store]
@@ -64,10 +72,12 @@ def test_the_registered_champion_evaluates_as_its_trial_did(study):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("models:/digits@champion on digits (val split, ")
     c = client(store)
-    [run] = c.search_runs([e.experiment_id for e in c.search_experiments()],
-                          "tags.`accel.role` = 'evaluate'")
-    assert run.data.tags["accel.evaluates"] == "models:/digits@champion"
     trial = c.get_run(c.get_model_version_by_alias("digits", "champion").run_id)
+    [run] = c.search_runs([trial.info.experiment_id], "tags.`accel.role` = 'evaluate'")
+    assert run.data.tags["accel.evaluates"] == "models:/digits@champion"
+    curve = [m.value for m in sorted(c.get_metric_history(trial.info.run_id, "val_accuracy"),
+                                     key=lambda m: m.step)]
+    assert len(curve) == 3 and max(curve) > curve[-1], f"the last epoch is the best: {curve}"
     assert run.data.metrics["val_accuracy"] == trial.data.metrics["best_val_accuracy"]
     assert {f"val_class_accuracy.{i}" for i in range(10)} <= set(run.data.metrics)
     assert "confusion_matrix.png" in [f.path for f in c.list_artifacts(run.info.run_id)]
@@ -132,12 +142,26 @@ def test_a_model_with_another_class_count_is_refused():
         evaluate(three, cfg)
 
 
-@pytest.mark.parametrize("name,alias", [("a/b", "champion"), ("digits", "v2")])
+@pytest.mark.parametrize("name,alias", [
+    ("a/b", "champion"), ("team:digits", "champion"), ("..", "champion"), ("digits@x", "champion"),
+    ("digits", "v2"), ("digits", "Latest"), ("digits", "best model"), ("digits", "a" * 256),
+])
 def test_bad_registered_names_are_refused_before_anything_is_logged(study, name, alias):
+    """MLflow's own rules (names without '/' or ':', aliases of letters, digits, '_' and '-',
+    'latest' and v<N> reserved), checked before a model is logged: one line, exit 2."""
+    import mlflow
+
     store, where, _ = study
+    mlflow.set_tracking_uri(store)
+    before = len(mlflow.search_logged_models(output_format="list"))
+    registered = len(client(store).search_registered_models())
+    bad = f"--register {name!r}" if name != "digits" else f"--alias {alias!r}"
     proc = run_cli("best", "--study", "s", "--register", name, "--alias", alias, *where)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip().splitlines()[-1].startswith("accel: error: --")
+    [line] = [x for x in proc.stderr.splitlines() if "mlflow.store.db" not in x]
+    assert line.startswith(f"accel: error: {bad}"), proc.stderr
+    assert len(mlflow.search_logged_models(output_format="list")) == before
+    assert len(client(store).search_registered_models()) == registered
 
 
 def test_accel_ui_lists_each_experiments_runs_page(study, monkeypatch, capsys):
@@ -183,3 +207,110 @@ def test_a_single_run_logs_its_model_when_asked(tmp_path, tiny_overrides):
     reference.load_state_dict(best)
     with torch.no_grad():
         assert torch.allclose(loaded(x), reference.eval()(x), atol=1e-5)
+
+
+def logged_models(store: str) -> list:
+    import mlflow
+
+    mlflow.set_tracking_uri(store)
+    ids = [e.experiment_id for e in client(store).search_experiments()]
+    return mlflow.search_logged_models(experiment_ids=ids, output_format="list")
+
+
+def poll(condition, what: str, timeout_s: float = 240):
+    """condition()'s first true answer, polled; a slow, loaded machine gets time."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if answer := condition():
+            return answer
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_stopping_a_registration_leaves_the_trials_run_finished(study, sig):
+    """Ctrl-C (or SIGKILL) while `accel best --register` logs the model: the winning trial's
+    run is never reopened, so it stays FINISHED."""
+    store, where, out = study
+    run_id = next(line.split()[2] for line in out.splitlines() if line.startswith("mlflow run:"))
+    before = len(logged_models(store))
+    _, code, err = interrupt(["best", "--study", "s", "--register", "stopped", *where],
+                             lambda: poll(lambda: len(logged_models(store)) > before,
+                                          "the model to be logged"), sig)
+    assert code == (130 if sig == signal.SIGINT else -signal.SIGKILL), err
+    assert client(store).get_run(run_id).info.status == "FINISHED"
+
+
+def digits_pngs(root, classes=None) -> int:
+    """The trial's validation images (digits, 8x8, seed 0) as gray PNGs root/<class>/<i>.png:
+    images as users have them. Returns how many."""
+    import numpy as np
+    from PIL import Image
+
+    from accel.data import load_digits_arrays, split_indices
+
+    images, labels = load_digits_arrays()
+    _, val = split_indices(len(labels), 0.1, 0)
+    written = 0
+    for i in val:
+        if classes is None or str(labels[i]) in classes:
+            folder = root / str(labels[i])
+            folder.mkdir(parents=True, exist_ok=True)
+            pixels = np.round(images[i] * 255 / 16).astype(np.uint8)
+            Image.fromarray(pixels, mode="L").save(folder / f"{i}.png")
+            written += 1
+    return written
+
+
+def evaluated(store: str, root, *more: str) -> dict[str, float]:
+    """`accel evaluate` of the champion on an image folder: the evaluation run's metrics."""
+    proc = run_cli("evaluate", "models:/digits@champion", "data.dataset=imagefolder",
+                   f"data.root={root}", "tracking.experiment=scans", *more,
+                   "--tracking-uri", store)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("models:/digits@champion on imagefolder (test split, ")
+    run_id = proc.stdout.split("mlflow run: ")[1].split()[0]
+    return client(store).get_run(run_id).data.metrics
+
+
+def test_a_folder_of_test_images_only_or_of_class_folders_is_evaluated(study, tmp_path):
+    """No train/ folder is needed: root/test/<class>/*, or root/<class>/* itself; a folder with
+    some of the classes is scored against the model's own class indices."""
+    store = study[0]
+    n = digits_pngs(tmp_path / "only" / "test")
+    digits_pngs(tmp_path / "flat")
+    some = digits_pngs(tmp_path / "some" / "test", classes=("3", "7"))
+    only, flat = evaluated(store, tmp_path / "only"), evaluated(store, tmp_path / "flat")
+    assert only["images"] == flat["images"] == n == 180
+    assert only["test_accuracy"] == flat["test_accuracy"]
+    c = client(store)
+    trial = c.get_run(c.get_model_version_by_alias("digits", "champion").run_id)
+    # The same images, saved as 8-bit PNGs and resized from the files: nearly the trial's.
+    assert abs(only["test_accuracy"] - trial.data.metrics["best_val_accuracy"]) <= 0.03
+    part = evaluated(store, tmp_path / "some")
+    assert part["images"] == some
+    assert {k for k in part if k.startswith("test_class_accuracy.")} == {
+        "test_class_accuracy.3", "test_class_accuracy.7"}
+    for c in ("3", "7"):
+        assert part[f"test_class_accuracy.{c}"] == only[f"test_class_accuracy.{c}"]
+
+
+def test_sigterm_while_evaluating_ends_the_evaluation_run_killed(study, tmp_path):
+    """The evaluation runs inside its MLflow run; SIGTERM there ends it KILLED, exit 143."""
+    store = study[0]
+    digits_pngs(tmp_path / "scans" / "test")
+    # Read last, never written: the evaluation waits on it until the stop arrives.
+    os.mkfifo(tmp_path / "scans" / "test" / "9" / "zz.png")
+    c = client(store)
+    running = ("tags.`accel.role` = 'evaluate' and attributes.status = 'RUNNING'")
+
+    def evaluating():
+        ids = [e.experiment_id for e in c.search_experiments()]
+        return [r.info.run_id for r in c.search_runs(ids, running)]
+
+    [run_id], code, err = interrupt(
+        ["evaluate", "models:/digits@champion", "data.dataset=imagefolder",
+         f"data.root={tmp_path / 'scans'}", "tracking.experiment=scans", "--tracking-uri", store],
+        lambda: poll(evaluating, "the evaluation run"), signal.SIGTERM)
+    assert code == 143, err
+    assert c.get_run(run_id).info.status == "KILLED"
