@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: list[int] = []
@@ -21,7 +22,24 @@ def handle_stops() -> dict:
     """From now on the first SIGINT or SIGTERM raises KeyboardInterrupt. Returns the previous
     handlers, for `restore`."""
     _received.clear()
+    sys.unraisablehook = _redeliver
     return {s: signal.signal(s, _stop_once) for s in STOP_SIGNALS}
+
+
+def _redeliver(unraisable) -> None:
+    """A stop raised inside a callback Python cannot raise from (a weakref callback or a
+    `__del__` run by the garbage collector) would be printed as "Exception ignored" and lost:
+    deliver it again, to the next line of ordinary code."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received:
+        import os
+        import threading
+
+        for s in STOP_SIGNALS:
+            signal.signal(s, _stop_once)
+        # From another thread: raised here, inside the hook, it would be lost again.
+        threading.Timer(0.01, os.kill, (os.getpid(), _received.pop())).start()
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def stop_requested() -> bool:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import TINY_OVERRIDES, new_store, run_cli
+from tests.conftest import ROOT, TINY_OVERRIDES, new_store, run_cli
 from tests.test_signals import LONG, SIGTERM_EXIT, runs, start, wait_for_epoch
 
 # Checkpoints on (the default): a retried trial carries on from one; 8 epochs leave time to kill.
@@ -207,3 +208,35 @@ def test_sigterm_while_an_ablation_makes_its_runs_leaves_none_running(tmp_path):
     assert proc.returncode == SIGTERM_EXIT and "Traceback" not in err, err[-3000:]
     found = statuses(store, "ab")
     assert found and "RUNNING" not in found.values(), found
+
+
+# --- a stop that lands inside a garbage-collector callback ------------------------------------
+
+STOP_IN_CALLBACK = """
+import os, signal, time, weakref
+from accel import signals
+signals.handle_stops()
+class A: pass
+def callback(_):  # the stop lands inside a weakref callback, where Python cannot raise
+    os.kill(os.getpid(), signal.SIGTERM)
+    sum(range(10000))
+a = A()
+ref = weakref.ref(a, callback)
+try:
+    del a
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        pass
+    print("the stop was lost")
+except KeyboardInterrupt:
+    print("stopped", signals.exit_code())
+"""
+
+
+def test_a_stop_raised_inside_a_garbage_collector_callback_is_not_lost():
+    """Python prints such an exception as "Exception ignored" and drops it: the stop is
+    delivered again to ordinary code (seen as a traceback in a stopped study's output)."""
+    out = subprocess.run([sys.executable, "-c", STOP_IN_CALLBACK], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip() == "stopped 143", out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
