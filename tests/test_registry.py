@@ -199,14 +199,19 @@ def test_a_single_run_logs_its_model_when_asked(tmp_path, tiny_overrides):
     best = torch.load(c.download_artifacts(run.info.run_id, "checkpoint/best.pt", str(tmp_path)),
                       weights_only=True)
     loaded = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/model", map_location="cpu")
-    x = torch.randn(2, 1, 16, 16)
+    x = torch.rand(2, 1, 16, 16)  # images as users have them: [0, 1]
     from accel import config, models
+    from accel.data import normalisation
 
     cfg = config.load(None, tiny_overrides)
     reference = models.build_model(cfg, 10, 1, 16)
     reference.load_state_dict(best)
-    with torch.no_grad():
-        assert torch.allclose(loaded(x), reference.eval()(x), atol=1e-5)
+    mean, std = normalisation("digits", 1)
+    with torch.no_grad():  # the logged model normalises inside, as the registered one does
+        assert torch.allclose(loaded(x), reference.eval()((x - mean[0]) / std[0]), atol=1e-5)
+    metadata = mlflow.models.get_model_info(f"runs:/{run.info.run_id}/model").metadata
+    assert metadata["classes"] == [str(i) for i in range(10)]
+    assert metadata["input"] == "float32 NCHW [0, 1]"
 
 
 def logged_models(store: str) -> list:

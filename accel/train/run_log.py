@@ -68,8 +68,9 @@ class RunLog:
         MLflow PyTorch model in this run (`tracking.log_model`)."""
         import copy
 
+        from accel.data import normalisation, to_unit_range
         from accel.engine import unguard_convs
-        from accel.tracking.model import log_torch_model
+        from accel.tracking.model import log_torch_model, served
 
         model = copy.deepcopy(parts.bare).cpu().eval()
         unguard_convs(model)
@@ -81,9 +82,14 @@ class RunLog:
                     str(self.scratch)))
         if best.exists():
             model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True))
-        x, _ = next(iter(parts.data.val))
-        log_torch_model(self.tracker.uri, self.run_id, model, x[:2].float().numpy(),
-                        parts.cfg.model.name)
+        data, kind = parts.data, parts.cfg.data.dataset
+        mean, std = normalisation(kind, data.in_chans)
+        module, metadata = served(model, data.classes, (data.in_chans, data.img_size,
+                                                        data.img_size), mean, std)
+        x, _ = next(iter(data.val))  # two images: with one, torch.export fixes the batch at 1
+        log_torch_model(self.tracker.uri, self.run_id, module,
+                        to_unit_range(x[:2].float().cpu(), kind).numpy(), parts.cfg.model.name,
+                        metadata)
 
     def end(self, status: str, error: BaseException | None = None) -> None:
         """End the run with `status`. While `error` propagates, a failure to reach the store
