@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench gpu-wheels gpu-check clean
+.PHONY: run test lint bench gpu-wheels gpu-check docker-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ gpu-wheels: $(STAMP)
 
 gpu-check:
 	$(PYTHON) bench/gpu_check.py $(or $(OUT),$(error gpu-check needs OUT=<folder>))
+
+# The docker/ stack built and run (bench/docker_check.py): needs docker (root starts dockerd if
+# none runs), downloads gigabytes the first time; not part of `make test`.
+docker-check: $(STAMP)
+	$(BIN)/python bench/docker_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
