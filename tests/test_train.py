@@ -392,3 +392,29 @@ def test_bad_targets_are_refused():
         with pytest.raises(config.ConfigError) as e:
             config.load(None, overrides)
         assert words in str(e.value)
+
+
+def test_a_dataset_another_process_inserted_first_is_logged_on_the_second_try():
+    """Two workers logging the same new dataset at once: the slower insert hits the unique
+    constraint; the input is logged again, and any other error still surfaces."""
+    from accel.tracking.lineage import log_splits
+
+    record = {"name": "digits-train", "digest": "d", "source": "s", "profile": {},
+              "context": "training"}
+
+    class Client:
+        def __init__(self, error):
+            self.calls, self.error = 0, error
+
+        def log_inputs(self, run_id, datasets):
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError(self.error)
+
+    race = Client("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id")
+    log_splits(race, "run", [record])
+    assert race.calls == 2
+    other = Client("disk I/O error")
+    with pytest.raises(RuntimeError, match="disk I/O"):
+        log_splits(other, "run", [record])
+    assert other.calls == 1

@@ -85,4 +85,11 @@ def log_splits(client, run_id: str, records: list[dict]) -> None:
         Dataset(r["name"], r["digest"], "local", json.dumps({"uri": r["source"]}),
                 profile=json.dumps(r["profile"])),
         tags=[InputTag("mlflow.data.context", r["context"])]) for r in records]
-    client.log_inputs(run_id, datasets=inputs)
+    try:
+        client.log_inputs(run_id, datasets=inputs)
+    except Exception as e:
+        # Two processes logging the same new dataset at once: MLflow checks it is absent, then
+        # inserts it, and the slower insert fails; the dataset is there now, so once more works.
+        if "UNIQUE constraint failed" not in str(e) and "duplicate key" not in str(e):
+            raise
+        client.log_inputs(run_id, datasets=inputs)
