@@ -205,6 +205,8 @@ def _training_commands(command) -> None:
                    "MLflow model and register it as a new version of NAME")
     p.add_argument("--alias", default="champion", metavar="ALIAS",
                    help="alias moved to that version (default champion)")
+    p.add_argument("--verified", action="store_true", help="name (and with --register, "
+                   "register) the trial `accel verify` found best over seeds")
     p.add_argument("--pick", metavar="METRIC", help="a multi-objective study: the Pareto "
                    "front's best trial on METRIC (default: the whole front)")
     p.add_argument("--brief", action="store_true", help="three lines: the study's trials and "

@@ -24,7 +24,7 @@ name: vstudy
 data: {dataset: digits, val_fraction: 0.2}
 model: {name: accel_cnn_s, img_size: 8}
 train: {epochs: 3, batch_size: 32, lr: 1.0e-6, device: cpu, amp: "off"}
-tracking: {system_metrics: false, log_checkpoint: false}
+tracking: {system_metrics: false}
 search:
   metric: val_accuracy
   direction: maximize
@@ -135,6 +135,29 @@ def test_the_same_command_again_trains_nothing_and_says_the_same(study):
     assert again == out
     assert len(reruns(flags)) == before
     assert "9 rerun(s) done before, 0 to run" in err
+
+
+def test_best_shows_the_verification_and_registers_the_verified_best(study):
+    _, flags, out = study
+    code, shown, err = cli_main("best", "--study", "vstudy", *flags)
+    assert code == 0, err
+    assert out.strip().splitlines()[-1] in shown  # the verdict
+    assert "verified over seeds 1,2,3" in shown
+    code, shown, err = cli_main("best", "--study", "vstudy", "--register", "vmodel",
+                                "--verified", *flags)
+    assert code == 0, err
+    version = client(flags).get_model_version_by_alias("vmodel", "champion")
+    assert version.tags["accel.verify_run"] == verify_run(flags).info.run_id
+    assert version.tags["optuna.trial_number"] == verify_run(flags).data.tags[
+        "accel.verified_best"]
+
+
+def test_verified_without_a_verification_exits_2(tmp_path):
+    (tmp_path / "study.yaml").write_text(STUDY_YAML.replace("name: vstudy", "name: fresh"))
+    flags = ["--storage", str(tmp_path / "optuna.journal"), "--tracking-uri", new_store(tmp_path)]
+    assert cli_main("tune", str(tmp_path / "study.yaml"), "--n-trials", "0", *flags)[0] == 0
+    code, _, err = cli_main("best", "--study", "fresh", "--verified", *flags)
+    assert code == 2 and "run `accel verify --study fresh` first" in err
 
 
 @pytest.mark.parametrize("flag, value, says", [("--seeds", "1", "--seeds 1: must be >= 2"),

@@ -26,6 +26,7 @@ from accel.tune.study import (
 )
 from accel.tune.workers import clean_up, run_workers
 from accel.uris import DEFAULT_URI, redact, resolve_uri
+from accel.verify.runs import verified_lines
 
 
 def cli_tune(args, cfg: Config) -> int:
@@ -208,6 +209,10 @@ def cli_best(args) -> int:
         note(f"the study's parent run {abandoned} was RUNNING with no node left on the study "
              "(every lease ended or expired): marked FAILED")
     best, metric = _chosen(study, args)
+    verification = _verification(study, tracker_for(uri), args)
+    if args.verified and best is not None:
+        best = next(t for t in study.trials if t.number == int(verification.data.tags[
+            "accel.verified_best"]))
     states = [t.state.name for t in study.trials]
     counts = ", ".join(f"{states.count(s)} {word}" for s, word in
                        (("COMPLETE", "complete"), ("PRUNED", "pruned"), ("FAIL", "failed")))
@@ -228,6 +233,8 @@ def cli_best(args) -> int:
     else:
         lines = _best_lines(name, states, counts, best, metric, _value(study, best, metric),
                             run_id, uri, command) + [browse]
+        if verification is not None:
+            lines += verified_lines(tracker_for(uri), verification)
     print("\n".join(line for line in lines if line))
     if args.register:
         from accel import registry
@@ -235,11 +242,27 @@ def cli_best(args) -> int:
         tracker = tracker_for(uri)
         done = registry.register(tracker, run_id, args.register, args.alias, tags={
             "accel.study": name, "optuna.trial_number": str(best.number),
-            "accel.metric": metric, "accel.value": f"{_value(study, best, metric):.6g}"})
+            "accel.metric": metric, "accel.value": f"{_value(study, best, metric):.6g}",
+            **({"accel.verify_run": verification.info.run_id} if args.verified else {})})
+        if args.verified:
+            print(f"registered trial {best.number}, the verified best (accel verify run "
+                  f"{verification.info.run_id}), with the weights of its own tuning run "
+                  f"{run_id} (checkpoint/best.pt)")
         print(f"registered: models:/{done.name}@{done.alias} (version {done.version}, "
               f"{done.serialization}); evaluate: accel evaluate models:/{done.name}@{done.alias}"
               + (f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""))
     return 0
+
+
+def _verification(study, tracker, args):
+    """The study's last finished `accel verify` run, or None; `--verified` needs one."""
+    from accel.verify.runs import latest_verification
+
+    run = latest_verification(tracker, study.study_name)
+    if args.verified and run is None:
+        raise ConfigError(f"--verified: study '{study.study_name}' has no finished "
+                          f"verification; run `accel verify --study {study.study_name}` first")
+    return run
 
 
 def _chosen(study, args) -> tuple[Any, str]:
