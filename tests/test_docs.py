@@ -116,5 +116,17 @@ def test_the_checks_catch_a_broken_link_and_a_broken_command(tmp_path):
     assert [command_problem(line) is None for line in lines] == [False, False, False, True]
 
 
+TEST_REF = re.compile(r"`(test_\w+\.py)::(\w+)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_named_test_exists(page):
+    """`test_x.py::test_name` in a page (the reliability table, say) names a real test."""
+    missing = [f"{file}::{name}" for file, name in TEST_REF.findall(page.read_text())
+               if not (ROOT / "tests" / file).exists()
+               or not re.search(rf"^\s*def {name}\(", (ROOT / "tests" / file).read_text(), re.M)]
+    assert not missing, f"{page.name} names tests that do not exist: {missing}"
+
+
 def test_the_readme_fits_on_a_screen_or_so():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 300
