@@ -118,6 +118,7 @@ def measure(args, n: int, storage_url: str, tracking_uri: str) -> dict:
     from accel.tracking import Tracker
     from accel.tune.storage import open_storage
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     name = f"capacity-{n}-{uuid.uuid4().hex[:6]}"
     optuna.create_study(study_name=name, storage=open_storage(storage_url), direction="maximize")
     tracker = Tracker(tracking_uri)
