@@ -172,6 +172,13 @@ class NativeStack:
         conn.close()
 
     def __enter__(self):
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()  # what was made before the failure goes too
+            raise
+
+    def _start(self):
         for db in self.dbs:
             self._admin(f'CREATE DATABASE "{db}"')
         port = free_port()
