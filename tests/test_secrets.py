@@ -117,6 +117,8 @@ def test_a_planted_password_is_never_shown_or_kept(tmp_path, postgres_databases)
     run_id = next(line.split()[2] for line in best.stdout.splitlines()
                   if line.startswith("mlflow run:"))
     ok("reproduce", run_id, "--tracking-uri", uri)
+    ok("verify", "--study", "pw", "--top", "1", "--seeds", "2", "--storage", storage,
+       "--tracking-uri", uri)
     ok("ablate", str(exp), *tiny, "--techniques", "ga", "--repeats", "1", "--tracking-uri", uri)
     assert "postgres:***@127.0.0.1" in "".join(shown)  # it is named, redacted
     assert "?password=***" in "".join(shown)
