@@ -19,7 +19,7 @@ from accel import ablation as A
 from accel import config
 from accel.errors import ConfigError, NonFiniteLoss
 from accel.train import train
-from tests.conftest import ROOT, SHARED_DATA, TINY_OVERRIDES, run_cli
+from tests.conftest import ROOT, SHARED_DATA, TINY_OVERRIDES, run_cli, run_in_process
 
 PAPER = sorted((ROOT / "experiments" / "paper").glob("cifar*.yaml"))  # the paper's grid
 PAPER_FIVE = {"train.lr", "train.optimizer", "train.weight_decay", "train.clip_grad_norm",
@@ -457,8 +457,8 @@ def test_the_parent_run_never_logs_the_store_url_or_its_password(store):
 
 
 def test_cli_rejects_an_unknown_technique_with_exit_2(store):
-    proc = run_cli("ablate", *TINY_OVERRIDES, "--techniques", "ga,fp8", "--tracking-uri", store,
-                   env=ONE_THREAD)
+    proc = run_in_process("ablate", *TINY_OVERRIDES, "--techniques", "ga,fp8",
+                          "--tracking-uri", store)
     assert proc.returncode == 2
     assert "unknown 'fp8'" in proc.stderr and "Traceback" not in proc.stderr
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from accel import config, config_params
-from tests.conftest import ROOT, TINY_OVERRIDES, run_cli
+from tests.conftest import ROOT, TINY_OVERRIDES, run_cli, run_in_process
 
 BAD_INPUTS = {
     "unknown key": (["train.lrr=0.1"], ["train.lrr", "train.lr"]),
@@ -42,7 +42,7 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_bad_input_exits_2_with_one_line(case, tmp_path):
     items, expected = BAD_INPUTS[case]
-    proc = run_cli("train", *items, "--tracking-uri", f"sqlite:///{tmp_path}/m.db")
+    proc = run_in_process("train", *items, "--tracking-uri", f"sqlite:///{tmp_path}/m.db")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1, proc.stderr
@@ -54,7 +54,7 @@ def test_bad_input_exits_2_with_one_line(case, tmp_path):
 def test_invalid_yaml_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("train: {lr: [\n")
-    proc = run_cli("train", str(bad))
+    proc = run_in_process("train", str(bad))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"accel: error: config file '{bad}' is not valid YAML line 2"
@@ -62,7 +62,7 @@ def test_invalid_yaml_file(tmp_path):
 
 
 def test_unknown_flag_is_one_line():
-    proc = run_cli("train", "--epochs", "3")
+    proc = run_in_process("train", "--epochs", "3")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -164,7 +164,7 @@ def test_yaml_that_would_build_python_objects_is_refused(tmp_path):
     evil = tmp_path / "evil.yaml"
     evil.write_text("name: !!python/object/apply:os.system ['echo pwned > "
                     f"{tmp_path / 'pwned'}']\n")
-    proc = run_cli("train", str(evil))
+    proc = run_in_process("train", str(evil))
     assert proc.returncode == 2 and not (tmp_path / "pwned").exists()
     assert proc.stderr.strip().splitlines() == [
         f"accel: error: config file '{evil}' is not valid YAML line 1"]

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from accel.errors import ConfigError
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 from tests.test_resume import interrupt
 
 
@@ -35,9 +35,9 @@ def study(tmp_path_factory):
     }))
     store = f"sqlite:///{tmp / 'mlruns' / 'mlflow.db'}"
     where = ["--storage", str(tmp / "optuna.journal"), "--tracking-uri", store]
-    tune = run_cli("tune", str(exp), "--study", "s", "--n-trials", "2", *where)
+    tune = run_in_process("tune", str(exp), "--study", "s", "--n-trials", "2", *where)
     assert tune.returncode == 0, tune.stderr[-2000:]
-    best = run_cli("best", "--study", "s", "--register", "digits", *where)
+    best = run_in_process("best", "--study", "s", "--register", "digits", *where)
     assert best.returncode == 0, best.stderr[-2000:]
     return store, where, best.stdout
 
@@ -117,7 +117,7 @@ def test_a_tracking_servers_page_is_linked_without_its_password():
 ])
 def test_a_bad_model_uri_is_one_line(study, uri, says):
     store, _, _ = study
-    proc = run_cli("evaluate", uri, "--tracking-uri", store)
+    proc = run_in_process("evaluate", uri, "--tracking-uri", store)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if "mlflow.store.db" not in line]
     assert len(lines) == 1 and lines[0].startswith(f"accel: error: {says}"), proc.stderr
@@ -125,7 +125,7 @@ def test_a_bad_model_uri_is_one_line(study, uri, says):
 
 def test_data_the_model_cannot_take_is_one_line(study, tiny_imagefolder):
     store, _, _ = study
-    proc = run_cli("evaluate", "models:/digits@champion", "data.dataset=imagefolder",
+    proc = run_in_process("evaluate", "models:/digits@champion", "data.dataset=imagefolder",
                    f"data.root={tiny_imagefolder}", "--tracking-uri", store)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(
@@ -156,7 +156,7 @@ def test_bad_registered_names_are_refused_before_anything_is_logged(study, name,
     before = len(mlflow.search_logged_models(output_format="list"))
     registered = len(client(store).search_registered_models())
     bad = f"--register {name!r}" if name != "digits" else f"--alias {alias!r}"
-    proc = run_cli("best", "--study", "s", "--register", name, "--alias", alias, *where)
+    proc = run_in_process("best", "--study", "s", "--register", name, "--alias", alias, *where)
     assert proc.returncode == 2 and proc.stdout == ""
     [line] = [x for x in proc.stderr.splitlines() if "mlflow.store.db" not in x]
     assert line.startswith(f"accel: error: {bad}"), proc.stderr
@@ -269,7 +269,7 @@ def digits_pngs(root, classes=None) -> int:
 
 def evaluated(store: str, root, *more: str) -> dict[str, float]:
     """`accel evaluate` of the champion on an image folder: the evaluation run's metrics."""
-    proc = run_cli("evaluate", "models:/digits@champion", "data.dataset=imagefolder",
+    proc = run_in_process("evaluate", "models:/digits@champion", "data.dataset=imagefolder",
                    f"data.root={root}", "tracking.experiment=scans", *more,
                    "--tracking-uri", store)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -23,7 +23,7 @@ from accel import tune as search
 from accel.cli import main
 from accel.tune import storage as tune_storage
 from accel.tune import workers as tune_workers
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_in_process
 
 # Like conftest's `tiny_overrides`, with fewer iterations: a trial takes a few seconds.
 TINY = {
@@ -250,8 +250,8 @@ def test_bad_objectives_are_refused_with_one_line(objectives, words):
 
 def test_pruning_with_two_objectives_is_refused(tmp_path):
     exp = experiment(tmp_path, "mo", objectives=TWO_OBJECTIVES)  # the default pruner: median
-    proc = run_cli("tune", str(exp), "--storage", str(tmp_path / "optuna.journal"),
-                   "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", timeout=60)
+    proc = run_in_process("tune", str(exp), "--storage", str(tmp_path / "optuna.journal"),
+                   "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
     assert line == ("accel: error: search.pruner=median: Optuna prunes single-objective studies "
@@ -351,14 +351,14 @@ def test_bad_warm_starts_exit_2_with_one_line(tmp_path):
     ]
     where = ["--storage", stores.storage, "--tracking-uri", stores.uri]
     for extra, words in cases:
-        proc = run_cli("tune", str(exp), "--study", "w2", *where, *extra, timeout=120)
+        proc = run_in_process("tune", str(exp), "--study", "w2", *where, *extra)
         assert proc.returncode == 2, proc.stderr
         [line] = proc.stderr.strip().splitlines()
         assert words in line, line
-    proc = run_cli("tune", str(mo), "--study", "w3", *where, "--from-study", "first")
+    proc = run_in_process("tune", str(mo), "--study", "w3", *where, "--from-study", "first")
     assert proc.returncode == 2 and "its objectives" in proc.stderr.strip().splitlines()[-1]
     bad_file = experiment(tmp_path, "bad", enqueue=[{"train.lrr": 0.01}])
-    proc = run_cli("tune", str(bad_file), *where)
+    proc = run_in_process("tune", str(bad_file), *where)
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
     assert "search.enqueue[0]: train.lrr is not a key of the search space" in line
@@ -417,8 +417,8 @@ def test_invalid_space_exits_2_before_any_trial(tmp_path, case):
     space, words = INVALID[case]
     exp = experiment(tmp_path, "bad", space=space)
     journal = tmp_path / "optuna.journal"
-    proc = run_cli("tune", str(exp), "--storage", str(journal),
-                   "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", timeout=60)
+    proc = run_in_process("tune", str(exp), "--storage", str(journal),
+                   "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("accel: error: search."), proc.stderr

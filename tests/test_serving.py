@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import ROOT, TINY_OVERRIDES, run_cli
+from tests.conftest import ROOT, TINY_OVERRIDES, run_cli, run_in_process
 
 # What a user runs, without accel: the README's serving example, called in-process. The
 # payload is what `curl -d @payload.json localhost:PORT/invocations` sends.
@@ -48,9 +48,10 @@ def served(tmp_path_factory):
     where = ["--storage", str(tmp / "optuna.journal"), "--tracking-uri", store]
     tiny.update({"train.epochs": "3", "train.epoch_length": "10"})  # enough to learn digits
     overrides = [f"{k}={v}" for k, v in tiny.items()] + ["tracking.system_metrics=false"]
-    tune = run_cli("tune", str(exp), *overrides, "--study", "s", "--n-trials", "1", *where)
+    tune = run_in_process("tune", str(exp), *overrides, "--study", "s", "--n-trials", "1",
+                          *where)
     assert tune.returncode == 0, tune.stderr[-2000:]
-    best = run_cli("best", "--study", "s", "--register", "served", *where)
+    best = run_in_process("best", "--study", "s", "--register", "served", *where)
     assert best.returncode == 0, best.stderr[-2000:]
     run_id = next(line.split()[2] for line in best.stdout.splitlines()
                   if line.startswith("mlflow run:"))

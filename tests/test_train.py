@@ -11,7 +11,7 @@ import yaml
 
 from accel import config
 from accel.train import NonFiniteLoss, train
-from tests.conftest import ROOT, make_imagefolder, run_cli
+from tests.conftest import ROOT, make_imagefolder, run_in_process
 
 CURVES = (
     "train_loss",
@@ -46,7 +46,7 @@ def test_same_seed_twice_gives_identical_metrics(tiny_overrides):
 
 
 def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
-    proc = run_cli(
+    proc = run_in_process(
         "train",
         *tiny_overrides,
         "train.clip_grad_norm=1.0",
@@ -94,7 +94,7 @@ def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
 
 
 def test_nan_loss_ends_failed(tiny_overrides, store):
-    proc = run_cli(
+    proc = run_in_process(
         "train",
         *tiny_overrides,
         "train.optimizer=sgd",
@@ -322,8 +322,8 @@ def test_new_data_on_the_command_line_brings_its_own_size_and_channels(
     line: the model is built for 28 px, 1 channel, and one line says what was not kept."""
     short = ["train.epochs=1", "train.epoch_length=2", "train.batch_size=8", "train.device=cpu",
              f"data.in_memory={in_memory}", "tracking.system_metrics=false"]
-    proc = run_cli("train", "data.dataset=imagefolder", f"data.root={gray_imagefolder}", *short,
-                   "--tracking-uri", store, "--experiment", "gray")
+    proc = run_in_process("train", "data.dataset=imagefolder", f"data.root={gray_imagefolder}",
+                          *short, "--tracking-uri", store, "--experiment", "gray")
     assert proc.returncode == 0, proc.stderr[-2000:]
     [line] = [ln for ln in proc.stderr.splitlines() if "model.img_size" in ln]
     assert "model.img_size=8 from experiments/quickstart.yaml" in line
@@ -334,8 +334,9 @@ def test_new_data_on_the_command_line_brings_its_own_size_and_channels(
     assert params["resolved.num_classes"] == "3" and params["model.img_size"] == "null"
     assert int(params["resolved.threads"]) >= 1
 
-    chosen = run_cli("train", "data.dataset=imagefolder", f"data.root={gray_imagefolder}",
-                     "model.img_size=16", *short, "--tracking-uri", store, "--experiment", "g16")
+    chosen = run_in_process("train", "data.dataset=imagefolder", f"data.root={gray_imagefolder}",
+                            "model.img_size=16", *short, "--tracking-uri", store,
+                            "--experiment", "g16")
     assert chosen.returncode == 0, chosen.stderr[-2000:]
     assert "model.img_size" not in chosen.stderr
     [run] = runs_in(store, "g16")
@@ -361,8 +362,8 @@ def test_time_to_target_is_logged_and_stop_at_target_ends_the_run(store):
              "train.epochs=8", "train.device=cpu", "train.amp=off", "data.num_workers=0",
              "tracking.system_metrics=false", "train.target={metric: val_accuracy, value: 0.9}"]
     for stop, experiment in (("false", "goes-on"), ("true", "stops")):
-        proc = run_cli("train", *quick, f"train.stop_at_target={stop}", "--tracking-uri", store,
-                       "--experiment", experiment)
+        proc = run_in_process("train", *quick, f"train.stop_at_target={stop}",
+                              "--tracking-uri", store, "--experiment", experiment)
         assert proc.returncode == 0, proc.stderr[-2000:]
     client = mlflow.MlflowClient(tracking_uri=store)
     curves = {}
