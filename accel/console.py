@@ -81,6 +81,9 @@ def quiet_libraries(study: bool = False) -> None:
     for name in ("alembic", "mlflow", "optuna"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # per-retry network noise
+    # "database is locked" is logged with its traceback before MLflow raises it; accel retries
+    # it (tracking.retry_locked) and reports in one line what still fails.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     # Ignite logs every exception that ends a run ("Engine run is terminating due to ...") and a
     # pruned trial as an error; accel reports each in its own line (or with its traceback).
     logging.getLogger("ignite").setLevel(logging.CRITICAL)

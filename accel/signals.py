@@ -37,9 +37,19 @@ def _redeliver(unraisable) -> None:
         for s in STOP_SIGNALS:
             signal.signal(s, _stop_once)
         # From another thread: raised here, inside the hook, it would be lost again.
-        threading.Timer(0.01, os.kill, (os.getpid(), _received.pop())).start()
+        threading.Timer(0.01, _resend, (os.getpid(), _received.pop())).start()
         return
     sys.__unraisablehook__(unraisable)
+
+
+def _resend(pid: int, signum: int) -> None:
+    """Send the lost stop again, unless it has been acted on meanwhile (the handler is no
+    longer ours: clean-up ignores stops, or the command has ended and restored the previous
+    handler, where a second signal would kill the process after its own clean exit)."""
+    import os
+
+    if signal.getsignal(signum) is _stop_once:
+        os.kill(pid, signum)
 
 
 def stop_requested() -> bool:
