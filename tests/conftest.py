@@ -61,6 +61,18 @@ def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int 
     )
 
 
+def stop_group(proc: subprocess.Popen, wait_s: float = 30) -> None:
+    """SIGTERM to the process group a test started (its own session), SIGKILL if it lingers."""
+    import signal
+
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def make_imagefolder(root: Path, *, side: int, classes: int, per_class: dict[str, int],
                      gray: bool = False) -> Path:
     """A generated ImageFolder tree: root/<split>/class<c>/<i>.png of random pixels."""

@@ -6,7 +6,6 @@ works: the test plants one, runs every command, and looks for it everywhere."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, TINY_OVERRIDES
+from tests.conftest import ROOT, TINY_OVERRIDES, stop_group
 from tests.test_scale_out import free_port
 
 PASSWORD = "pl4nted-s3cret"
@@ -57,12 +56,7 @@ def ui_argv(cwd: Path, uri: str) -> list[str]:
                 continue
         return argv
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, wait_s=20)
 
 
 def everything_mlflow_holds(uri: str, tmp: Path) -> list[str]:

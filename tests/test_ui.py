@@ -6,7 +6,6 @@ script named in $BROWSER that records the link it is given (Python's `webbrowser
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from accel.tracking import Tracker
+from tests.conftest import stop_group
 from tests.test_scale_out import free_port
 
 WAIT_S = 180  # a loaded 2-core machine starts MLflow's server slowly
@@ -42,12 +42,7 @@ def recording_browser(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_group(proc)
 
 
 def test_accel_ui_opens_the_browser_at_the_model_training_view(tmp_path, store):
