@@ -116,6 +116,32 @@ def test_nan_loss_raises_in_process(tiny_overrides):
         train(cfg, track=False)
 
 
+@pytest.mark.parametrize("ending", ["finished", "failed"])
+def test_a_run_stops_its_loader_workers_when_it_ends(tiny_overrides, ending, monkeypatch):
+    """A study or an ablation trains again in the same process. The run's persistent loader
+    workers end with the run; left to the garbage collector (off here, as it is between two
+    of its passes), they outlived it and then cost torch's 5 s join timeout each."""
+    import gc
+    import multiprocessing
+
+    overrides = [*tiny_overrides, "data.num_workers=1"]
+    if ending == "failed":
+        overrides += ["train.optimizer=sgd", "train.lr=1e12"]
+    before = set(multiprocessing.active_children())
+    monkeypatch.setattr(gc, "collect", lambda *a: 0)  # train() collects before it builds
+    gc.disable()
+    try:
+        if ending == "failed":
+            with pytest.raises(NonFiniteLoss):
+                train(config.load(None, overrides), track=False)
+        else:
+            assert len(train(config.load(None, overrides), track=False).history) == 2
+        left = set(multiprocessing.active_children()) - before
+    finally:
+        gc.enable()
+    assert left == set(), f"loader workers still running after the run: {left}"
+
+
 def test_ctrl_c_ends_killed(tiny_overrides, store, monkeypatch):
     from accel import engine
 

@@ -99,6 +99,7 @@ def train(
             raise
         finally:
             run.end(status, error)
+            parts.data.close()  # a study or an ablation trains again in this process
     return Result(run.run_id, final, parts.history, len(parts.history),
                   time.perf_counter() - started, best)
 
