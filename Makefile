@@ -37,7 +37,7 @@ gpu-wheels: $(STAMP)
 	$(BIN)/python bench/gpu_check.py --prepare
 
 gpu-check:
-	$(PYTHON) bench/gpu_check.py $(or $(OUT),$(error gpu-check needs OUT=<folder>))
+	$(PYTHON) bench/gpu_check.py $(or $(OUT),$(error gpu-check needs OUT=<folder>)) $(if $(STEPS),--steps $(STEPS))
 
 # The docker/ stack built and run (bench/docker_check.py): needs docker (root starts dockerd if
 # none runs), downloads gigabytes the first time; not part of `make test`.

@@ -73,6 +73,7 @@ CARRIED = (
     "pytorch-ignite", "optuna", "optuna-integration", "colorlog",
 )
 
+STEP_NAMES = ("gpu_tests", "ablate", "fast")
 BUDGET_S = 470  # the whole check on the GPU machine, setup included: it ends within 8 minutes
 TIMEOUTS = (60, 230, 150)  # seconds: gpu_tests, ablate, fast (setup takes about 30)
 DRY_BUDGET_S, DRY_TIMEOUTS = 240, (60, 90, 60)
@@ -529,8 +530,10 @@ def report(out: Path, rows: list[Row], provenance: list[str], wall: float) -> Pa
     return path
 
 
-def check(out: Path, dry: bool, train_limit: int, fast_config: str) -> int:
-    """Setup and the three steps within the budget, then the report; 1 if anything failed."""
+def check(out: Path, dry: bool, train_limit: int, fast_config: str,
+          only: tuple[str, ...] = ()) -> int:
+    """Setup and the three steps (or `only` these) within the budget, then the report; 1 if
+    anything failed."""
     began = time.monotonic()
     deadline = began + (DRY_BUDGET_S if dry else BUDGET_S)
     out.mkdir(parents=True, exist_ok=True)
@@ -540,6 +543,8 @@ def check(out: Path, dry: bool, train_limit: int, fast_config: str) -> int:
         rows = [setup(work, dry, out, env)]
         data_root = work / "cache" / "cifar10-jpeg"  # what accel.shared_data extracts
         for step in steps(sys.executable, dry, data_root, train_limit, fast_config):
+            if only and step.name not in only:
+                continue
             rows.append(run_step(step, env, out, deadline))
             print(f"{step.name}: {rows[-1].status} in {rows[-1].seconds:.0f} s: {rows[-1].numbers}",
                   file=sys.stderr, flush=True)
@@ -559,6 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prepare", action="store_true", help="here: fill .gpu/ (make gpu-wheels)")
     ap.add_argument("--train-limit", type=int, default=TRAIN_LIMIT, metavar="N",
                     help=f"CIFAR-10 training images per ablation run (default {TRAIN_LIMIT})")
+    ap.add_argument("--steps", default="", metavar="NAMES",
+                    help=f"run only these steps, comma-separated ({', '.join(STEP_NAMES)}): "
+                         "a rerun of what failed")
     ap.add_argument("--fast-config", default=FAST_CONFIG, metavar="YAML",
                     help=f"the fast recipe (default {FAST_CONFIG})")
     args = ap.parse_args(argv)
@@ -567,11 +575,14 @@ def main(argv: list[str] | None = None) -> int:
         return prepare()
     if args.out is None:
         ap.error("OUT is required (the folder for gpu_check.md)")
+    only = tuple(s for s in args.steps.split(",") if s)
+    if set(only) - set(STEP_NAMES):
+        ap.error(f"--steps {args.steps}: unknown step(s); choose from {', '.join(STEP_NAMES)}")
     if not args.dry_run:
         problem = cuda_problem()
         if problem:
             return fail(problem)
-    return check(args.out, args.dry_run, args.train_limit, args.fast_config)
+    return check(args.out, args.dry_run, args.train_limit, args.fast_config, only)
 
 
 if __name__ == "__main__":
