@@ -45,6 +45,36 @@ def test_docker_compose_v1_accepts_the_stack_and_the_checks_override(tmp_path):
     assert merged["services"]["worker"]["environment"]["ACCEL_GRACE_S"] == "10"
     assert merged["services"]["worker"]["environment"]["MLFLOW_TRACKING_URI"] == (
         "http://mlflow:5000")  # the override adds to the service's environment, replaces none
+    # Two machines: docker/.env publishes the stores on a private address, MLflow answers to it.
+    with (copy / ".env").open("a") as env:
+        env.write("ACCEL_DB_BIND=10.0.0.5\nACCEL_MLFLOW_BIND=10.0.0.5\n"
+                  "ACCEL_ALLOWED_HOSTS=mlflow,mlflow:*,10.0.0.5,10.0.0.5:*\n")
+    proc = subprocess.run(["docker-compose", "-p", dc.PROJECT, "-f", str(copy / "compose.yaml"),
+                           "config"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    services = yaml.safe_load(proc.stdout)["services"]
+    assert services["db"]["ports"] == ["10.0.0.5:5432:5432/tcp"]  # v1 writes the short form
+    assert services["mlflow"]["ports"] == ["10.0.0.5:5000:5000/tcp"]
+    assert "mlflow,mlflow:*,10.0.0.5,10.0.0.5:*" in services["mlflow"]["command"]
+
+
+def test_every_setting_the_stack_reads_is_in_the_env_example():
+    """docker/.env.example names every variable compose.yaml reads; the ports a node on
+    another machine needs are published on 127.0.0.1 unless .env says otherwise."""
+    import re
+
+    used = set(re.findall(r"\$\{(\w+)", (DOCKER / "compose.yaml").read_text()))
+    text = (DOCKER / ".env.example").read_text()
+    assert sorted(v for v in used if v not in text) == []
+    example = dc.parse_dotenv(text)
+    assert example["ACCEL_DB_BIND"] == example["ACCEL_MLFLOW_BIND"] == "127.0.0.1"
+    services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    assert services["db"]["ports"] == ["${ACCEL_DB_BIND:-127.0.0.1}:${ACCEL_DB_PORT:-5432}:5432"]
+    assert services["mlflow"]["ports"] == [
+        "${ACCEL_MLFLOW_BIND:-127.0.0.1}:${ACCEL_MLFLOW_PORT:-5000}:5000"]
+    command = services["mlflow"]["command"]
+    hosts = command[command.index("--allowed-hosts") + 1]
+    assert hosts == "${ACCEL_ALLOWED_HOSTS:-" + example["ACCEL_ALLOWED_HOSTS"] + "}"
 
 
 def test_dockerfile_takes_an_extra_ca_for_the_build():
