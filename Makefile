@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench gpu-wheels gpu-check docker-check clean
+.PHONY: run test test-fast lint bench gpu-wheels gpu-check docker-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # Fast CPU tests plus the `slow` ones on real CIFAR-10 (../shared/data); `gpu` tests need a GPU.
+# Two pytest-xdist processes, a test file each at a time (a file's shared studies are made once),
+# one OpenMP thread each (tests/conftest.py). `test-fast`: the same without the `slow` tests.
 test: lint
-	$(BIN)/pytest -m "not gpu"
+	$(BIN)/pytest -m "not gpu" -n 2 --dist loadfile
+
+test-fast: lint
+	$(BIN)/pytest -n 2 --dist loadfile
 
 bench: $(STAMP)
 	for b in engine_overhead amp_cpu tracking_overhead cli_startup; do $(BIN)/python bench/$$b.py; done

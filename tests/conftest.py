@@ -13,6 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 
+# `make test` runs the suite in two pytest-xdist processes on a 2-core machine: each, and every
+# `accel` it starts, uses one OpenMP thread (two spinning threads each would fight for the cores).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def new_store(folder: Path) -> str:
     """An MLflow store made before a child process starts: a test that polls the store while the
