@@ -8,8 +8,9 @@ from pathlib import Path
 
 from accel import signals
 from accel.config import DEFAULT_CONFIG, Config
+from accel.console import program
 from accel.errors import ConfigError, NonFiniteLoss, first_line, one_line
-from accel.uris import DEFAULT_STORAGE, DEFAULT_URI, with_driver
+from accel.uris import DEFAULT_STORAGE, DEFAULT_URI, redact, with_driver
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,11 +39,10 @@ def load_config(items: list[str]) -> Config:
 def cmd_train(args: argparse.Namespace) -> int:
     from accel.train import describe, train
 
-    cfg = load_config(args.items)
+    named = [f"tracking.experiment={args.experiment}"] if args.experiment else []
+    cfg = load_config([*args.items, *named])  # a named experiment keeps its name on other data
     if args.tracking_uri:
         cfg.tracking.uri = args.tracking_uri
-    if args.experiment:
-        cfg.tracking.experiment = args.experiment
     result = train(cfg)
     print(describe(result))
     return 0
@@ -103,7 +103,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     tracker = Tracker(args.tracking_uri)  # creates the local store if it is missing
     # The store goes by environment, not argv: a URL's password never shows in `ps`.
     env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": with_driver(tracker.uri)}
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port)]
+    # One worker: MLflow's default of 4 uvicorn processes is a server's, not a laptop's.
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port),
+           "--workers", str(args.workers)]
     if tracker.artifact_root:
         cmd += ["--default-artifact-root", tracker.artifact_root]
     base = f"http://127.0.0.1:{args.port}"
@@ -222,10 +224,11 @@ def _training_commands(command) -> None:
                    "for every trial (default 5)")
     p.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes")
 
-    p = command("ablate", "time every on/off combination of GA, AMP and pinned memory",
-                cmd_ablate, _config_args, _tracking_arg)
+    p = command("ablate", "time every on/off combination of GA, AMP, pinned memory, resident "
+                "data, channels_last or compile", cmd_ablate, _config_args, _tracking_arg)
     p.add_argument("--techniques", default="ga,amp,pm", metavar="LIST",
-                   help="comma list from ga, amp, pm, channels_last, compile")
+                   help="comma list from ga, amp, pm, resident, channels_last, compile "
+                   "(default ga,amp,pm)")
     p.add_argument("--repeats", type=int, default=3, metavar="R",
                    help="runs of every combination, paired by repeat (default 3)")
 
@@ -249,10 +252,15 @@ def _run_commands(command) -> None:
                    help="models:/NAME@ALIAS, models:/NAME/VERSION or runs:/RUN_ID/model")
     p.add_argument("items", nargs="*", metavar="[CONFIG] [KEY=VALUE]",
                    help="the data (default: the config of the run that logged the model)")
+    p.add_argument("--split", choices=("test", "val", "train"),
+                   help="the split to score (default: test; an image folder without test/ "
+                   "gives val/, else all of train/, else its class folders)")
 
     p = command("ui", "open the MLflow UI on the project's store (bound to 127.0.0.1)", cmd_ui,
                 _tracking_arg)
     p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--workers", type=int, default=1, metavar="W",
+                   help="server processes (default 1; MLflow's own default is 4)")
     p.add_argument("--no-browser", action="store_true",
                    help="do not open a browser (by default one opens at the model-training view "
                    "where a display is available)")
@@ -279,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from accel.console import quiet_libraries
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse(argv)
+    signals.command[:] = [program(), *(redact(a) for a in argv)]  # a stop says how to rerun
     # accel opens its own runs by id; a run id inherited from a parent process (an `mlflow run`
     # project, a notebook) must not redirect anything into that run.
     os.environ.pop("MLFLOW_RUN_ID", None)
@@ -296,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accel: error: {first_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"accel: stopped by {signals.stopped_by()}; the running MLflow run was marked "
-              "KILLED", file=sys.stderr)
+        left = signals.left_behind()
+        print(f"accel: stopped by {signals.stopped_by()}" + (f"; {left}" if left else ""),
+              file=sys.stderr)
         return signals.exit_code()
     except NonFiniteLoss as e:
         print(f"accel: error: {e}", file=sys.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -253,8 +254,34 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
         keys.add(key)
     if (cfg.data.dataset, cfg.data.root) != data_before:
         follow_the_data(cfg, data_before[0], keys, path)
+        name_for_the_data(cfg, data_before, keys, path)
     validate(cfg)
     return cfg
+
+
+def data_label(dataset: str, root: str) -> str:
+    """A short name for a dataset: the folder's name for an imagefolder, else the dataset's."""
+    label = Path(root).expanduser().name if dataset == "imagefolder" else dataset
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-") or dataset
+
+
+def name_for_the_data(cfg: Config, before: tuple[str, str], keys: set[str], path) -> None:
+    """The command line put a file's experiment on other data: its runs (and its study) go
+    under their own name, `<name>-<data>`, not among the file's runs on the file's data, unless
+    the command line names them. A root moved elsewhere with the same folder name is the same
+    data."""
+    from accel.console import note_later
+
+    if keys & {"name", "tracking.experiment"} or cfg.tracking.experiment:
+        return
+    old, new = data_label(*before), data_label(cfg.data.dataset, cfg.data.root)
+    if new == old:
+        return
+    source = Path(path).name if path else "the defaults"
+    cfg.name = f"{cfg.name}-{new}"
+    note_later(f"data.dataset={cfg.data.dataset} data.root={cfg.data.root} is not the data of "
+               f"{source}: runs and studies go under the name {cfg.name} (set name=NAME to "
+               "choose one)")
 
 
 def follow_the_data(cfg: Config, dataset_before: str, keys: set[str], path) -> None:

@@ -38,6 +38,23 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def program() -> str:
+    """`accel` as a new shell can run it, for the commands accel prints: the bare name where
+    PATH finds this installation's command, else its path (`.venv/bin/accel` from the project
+    folder, before `source .venv/bin/activate`)."""
+    import shutil
+    from pathlib import Path
+
+    mine = Path(sys.prefix) / "bin" / "accel"
+    found = shutil.which("accel")
+    if not mine.exists() or (found and Path(found).resolve() == mine.resolve()):
+        return "accel"
+    try:
+        return str(mine.relative_to(Path.cwd()))
+    except ValueError:
+        return str(mine)
+
+
 def browser_available() -> bool:
     """A browser can be shown, as `jupyter lab` decides: a graphical session, macOS or Windows, or
     one named in $BROWSER. Over SSH without either, Python's `webbrowser` would start a text

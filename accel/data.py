@@ -6,6 +6,7 @@ an accelerator is used, so the host-to-device copy can run with `non_blocking=Tr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 from dataclasses import dataclass
@@ -136,6 +137,15 @@ def _raw_dataset(kind: str, root: str, split: str, transform, download: bool = F
                                 loader=functools.partial(load_image, mode=mode))
 
 
+def shared_data_hint(root: str) -> str:
+    """Where `root` is where the shared CIFAR-10 is extracted: the command that extracts it."""
+    from accel.shared_data import FOLDER, cache_dir
+
+    if Path(root).expanduser() == cache_dir() / FOLDER:
+        return "; `python -m accel.shared_data` extracts the shared CIFAR-10 there"
+    return ""
+
+
 def load_image(path: str, mode: str = "RGB"):
     """torchvision's default loader (PIL, converted to `mode`), naming the file that is not a
     readable image (truncated, empty, or not an image at all)."""
@@ -159,7 +169,7 @@ def _image_splits(cfg: Config, size_default: int):
             raise DataError(
                 f"data.root={root!r} has no train/ folder: an imagefolder dataset needs "
                 f"root/train/<class>/*.jpg (and optionally root/val, root/test)"
-            )
+                + shared_data_hint(root))
         has_val = (Path(root) / "val").is_dir()
         has_test = (Path(root) / "test").is_dir()
     else:
@@ -217,16 +227,25 @@ def to_unit_range(x: torch.Tensor, kind: str) -> torch.Tensor:
     return x * torch.tensor(std).view(1, -1, 1, 1) + torch.tensor(mean).view(1, -1, 1, 1)
 
 
-def build_eval_data(cfg: Config, device: torch.device, size: int | None = None) -> Data:
-    """The data `accel evaluate` scores: where an imagefolder root has no train/ folder, only
-    the split it evaluates is read (root/test, else root/val, else root/<class>/* itself as the
-    test split) at `size` (the model's; default model.img_size, else the images' own); anything
-    else is `build_data`."""
+EVAL_SPLITS = ("test", "val", "train")  # what `accel evaluate --split` picks from
+
+
+def build_eval_data(cfg: Config, device: torch.device, size: int | None = None,
+                    split: str | None = None) -> Data:
+    """The one split `accel evaluate` scores, as the only loader of the Data. An imagefolder
+    root is read as the tree it is: with split folders, `split` picks one (default: test/, else
+    val/, else train/, all of whose images are then scored); without, root/<class>/* itself is
+    the test split. Images are read at `size` (the model's; default model.img_size, else the
+    images' own). Other datasets: their test split (`split` may pick val)."""
+    if cfg.data.dataset != "imagefolder":
+        return _one_split(build_data(cfg, device), split, cfg.data.dataset)
     root = Path(cfg.data.root).expanduser()
-    if cfg.data.dataset != "imagefolder" or (root / "train").is_dir():
-        return build_data(cfg, device)
-    split = next((s for s in ("test", "val") if (root / s).is_dir()), None)
-    folder = root / split if split else root
+    present = [s for s in EVAL_SPLITS if (root / s).is_dir()]
+    if split is not None and split not in present and (present or split != "test"):
+        raise DataError(f"--split {split}: data.root={str(root)!r} has no {split}/ folder "
+                        f"(it has {', '.join(f'{s}/' for s in present) or 'class folders only'})")
+    chosen = split or next(iter(present), None)
+    folder = root / chosen if chosen else root
     try:
         probe = _raw_dataset("imagefolder", str(folder), "", transform=None)
     except (FileNotFoundError, OSError) as e:  # no such folder, or no class folders in it
@@ -240,9 +259,23 @@ def build_eval_data(cfg: Config, device: torch.device, size: int | None = None) 
                       transform=_transforms(False, side, native, mean, std, False), mode=mode)
     loader = DataLoader(ds, batch_size=max(cfg.train.batch_size, 256), shuffle=False,
                         num_workers=cfg.data.num_workers)
-    return Data(train=None, val=None if split != "val" else loader,
-                test=loader if split != "val" else None, num_classes=len(ds.classes),
-                in_chans=len(mode), img_size=side, classes=list(ds.classes))
+    label = chosen or "test"
+    return Data(train=loader if label == "train" else None,
+                val=loader if label == "val" else None, test=loader if label == "test" else None,
+                num_classes=len(ds.classes), in_chans=len(mode), img_size=side,
+                classes=list(ds.classes))
+
+
+def _one_split(data: Data, split: str | None, dataset: str) -> Data:
+    """`data` with only the split evaluated: `split`, else its test split, else its val."""
+    chosen = split or ("test" if data.test is not None else "val")
+    loader = {"test": data.test, "val": data.val}.get(chosen)
+    if loader is None:
+        have = [s for s in ("test", "val") if getattr(data, s) is not None]
+        raise DataError(f"--split {chosen}: data.dataset={dataset} has no {chosen} split to "
+                        f"evaluate (it has {', '.join(have)})")
+    return dataclasses.replace(data, train=None, val=loader if chosen == "val" else None,
+                               test=loader if chosen == "test" else None)
 
 
 def _first_image(ds) -> tuple[int, str]:

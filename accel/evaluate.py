@@ -83,20 +83,24 @@ class _Job:
     data: Any
 
 
-def evaluate(model, cfg: Config, metadata: dict | None = None) -> Evaluation:
-    """`model` on the test split of cfg's data (its validation split where there is none)."""
-    return score(prepare(model, cfg, metadata or {}), cfg)
+def evaluate(model, cfg: Config, metadata: dict | None = None,
+             split: str | None = None) -> Evaluation:
+    """`model` on one split of cfg's data (accel.data.build_eval_data: its test split where
+    there is one)."""
+    return score(prepare(model, cfg, metadata or {}, split), cfg)
 
 
-def prepare(model, cfg: Config, metadata: dict) -> _Job:
+def prepare(model, cfg: Config, metadata: dict, split: str | None = None) -> _Job:
     """The data and the model ready to score; data the model cannot take: ConfigError."""
     import torch
 
     from accel.data import build_eval_data
 
     shape = metadata.get("input_shape")
-    data = build_eval_data(cfg, torch.device("cpu"), size=shape[-1] if shape else None)
-    split, loader = ("test", data.test) if data.test is not None else ("val", data.val)
+    data = build_eval_data(cfg, torch.device("cpu"), size=shape[-1] if shape else None,
+                           split=split)
+    split, loader = next((s, getattr(data, s)) for s in ("test", "val", "train")
+                         if getattr(data, s) is not None)
     model = _Evaluable(model, cfg.data.dataset if _takes_unit_range(metadata) else None)
     # Two images, not a batch: a check that need not read the split.
     x = torch.stack([loader.dataset[i][0] for i in range(min(2, len(loader.dataset)))])
@@ -186,7 +190,7 @@ def cli_evaluate(args, overrides: list[str]) -> int:
     run_id = source_run(tracker, uri)
     cfg = _config(tracker, run_id, args.config, overrides)
     model, metadata = load(uri)
-    job = prepare(model, cfg, metadata)  # bad data: one line, before any run opens
+    job = prepare(model, cfg, metadata, args.split)  # bad data: one line, before any run
     run, done = _tracked(tracker, uri, run_id, cfg, job)
     print(table(uri, done.split, cfg, done.metrics))
     print(f"mlflow run: {run} ({redact(tracker.uri)})")

@@ -72,8 +72,16 @@ def register(tracker, run_id: str, name: str, alias: str = DEFAULT_ALIAS,
     original = load_original(tracker, run_id)
     model_uri, serialization = log_model(tracker, run_id, original.config)
     all_tags = {"accel.run_id": run_id, "accel.serialization": serialization, **(tags or {})}
-    version = mlflow.register_model(model_uri, name, tags=all_tags)
-    tracker.client.set_registered_model_alias(name, alias, version.version)
+    try:
+        version = mlflow.register_model(model_uri, name, tags=all_tags)
+        tracker.client.set_registered_model_alias(name, alias, version.version)
+    except KeyboardInterrupt:
+        from accel import signals
+
+        signals.leave_behind(f"the model of run {run_id} was logged but not registered as "
+                             f"{name}@{alias} (the run stays as it was): run the same command "
+                             "again")
+        raise
     note(f"registered {name} version {version.version} ({serialization}) as {name}@{alias}")
     return Registered(name, str(version.version), alias, model_uri, serialization)
 

@@ -10,6 +10,8 @@ import sys
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: list[int] = []
+_left: list[str] = []  # what a stop left behind, for the command's last line (`left_behind`)
+command: list[str] = []  # the command line being run (passwords hidden), to say how to rerun it
 
 
 def _stop_once(signum, frame) -> None:
@@ -22,6 +24,7 @@ def handle_stops() -> dict:
     """From now on the first SIGINT or SIGTERM raises KeyboardInterrupt. Returns the previous
     handlers, for `restore`."""
     _received.clear()
+    _left.clear()
     sys.unraisablehook = _redeliver
     return {s: signal.signal(s, _stop_once) for s in STOP_SIGNALS}
 
@@ -107,3 +110,14 @@ def exit_code() -> int:
 def stopped_by() -> str:
     """What stopped this process, for its last line."""
     return "SIGTERM" if _received and _received[-1] == signal.SIGTERM else "Ctrl-C"
+
+
+def leave_behind(line: str) -> None:
+    """Say what a stop left: the run marked KILLED and the command that carries it on. The
+    command's last line (`left_behind`) repeats it after the clean-up's own output."""
+    _left.append(line)
+
+
+def left_behind() -> str:
+    """'; '-joined lines from `leave_behind`, '' when nothing recorded any."""
+    return "; ".join(_left)

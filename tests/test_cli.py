@@ -255,3 +255,24 @@ def test_a_file_store_is_refused_in_one_line_naming_the_stores_that_work(tmp_pat
     for text in (store, "sqlite:///", "postgresql://", "http"):
         assert text in lines[0]
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_help_lists_every_technique_ablate_accepts():
+    from accel.ablation.plan import TECHNIQUES
+    from accel.cli import build_parser
+
+    _, commands = build_parser()
+    [action] = [a for a in commands["ablate"]._actions if "--techniques" in a.option_strings]
+    listed = action.help.split("from ", 1)[1].split(" (")[0].split(", ")
+    assert listed == list(TECHNIQUES)
+
+
+def test_the_shared_cifar10_missing_says_which_command_extracts_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCEL_CACHE", str(tmp_path / "cache"))
+    proc = run_in_process("train", "experiments/cifar10_cpu.yaml",
+                          f"data.root={tmp_path / 'cache' / 'cifar10-jpeg'}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.endswith("has no train/ folder: an imagefolder dataset needs root/train/<class>/"
+                         "*.jpg (and optionally root/val, root/test); `python -m "
+                         "accel.shared_data` extracts the shared CIFAR-10 there"), line

@@ -98,7 +98,7 @@ def test_experiments_open_on_the_runs_table_and_studies_name_their_metric(study)
     s = optuna.load_study(study_name="s", storage=open_storage(where[1]))
     assert s.metric_names == ["val_accuracy"]
     # `accel best` says where to look: the study's runs table, not the GenAI overview.
-    assert (f"browse: accel ui --tracking-uri {store}, then open http://127.0.0.1:5000/#/"
+    assert (f"accel ui --tracking-uri {store}, then open http://127.0.0.1:5000/#/"
             f"experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
             in study[2])
 
@@ -244,6 +244,14 @@ def test_stopping_a_registration_leaves_the_trials_run_finished(study, sig):
                                           "the model to be logged"), sig)
     assert code == (130 if sig == signal.SIGINT else -signal.SIGKILL), err
     assert client(store).get_run(run_id).info.status == "FINISHED"
+    if sig == signal.SIGINT:  # the last line says what the stop left, and no run KILLED
+        last = err.strip().splitlines()[-1]
+        assert last in (
+            f"accel: stopped by Ctrl-C; the model being logged into run {run_id} was marked "
+            "FAILED (the run stays as it was): run the same command again",
+            f"accel: stopped by Ctrl-C; the model of run {run_id} was logged but not "
+            "registered as stopped@champion (the run stays as it was): run the same command "
+            "again"), err[-2000:]
 
 
 def digits_pngs(root, classes=None) -> int:
@@ -267,13 +275,13 @@ def digits_pngs(root, classes=None) -> int:
     return written
 
 
-def evaluated(store: str, root, *more: str) -> dict[str, float]:
+def evaluated(store: str, root, *more: str, split: str = "test") -> dict[str, float]:
     """`accel evaluate` of the champion on an image folder: the evaluation run's metrics."""
     proc = run_in_process("evaluate", "models:/digits@champion", "data.dataset=imagefolder",
                    f"data.root={root}", "tracking.experiment=scans", *more,
                    "--tracking-uri", store)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.startswith("models:/digits@champion on imagefolder (test split, ")
+    assert proc.stdout.startswith(f"models:/digits@champion on imagefolder ({split} split, ")
     run_id = proc.stdout.split("mlflow run: ")[1].split()[0]
     return client(store).get_run(run_id).data.metrics
 
@@ -298,6 +306,28 @@ def test_a_folder_of_test_images_only_or_of_class_folders_is_evaluated(study, tm
         "test_class_accuracy.3", "test_class_accuracy.7"}
     for c in ("3", "7"):
         assert part[f"test_class_accuracy.{c}"] == only[f"test_class_accuracy.{c}"]
+
+
+def test_every_image_given_is_evaluated_unless_split_says_otherwise(study, tmp_path):
+    """A tree of train/ only (new scans, say) is evaluated whole, not a validation cut of it; a
+    full tree gives test/ unless --split picks another; a split it lacks is one line, exit 2."""
+    store = study[0]
+    n = digits_pngs(tmp_path / "scans" / "train")
+    whole = evaluated(store, tmp_path / "scans", split="train")
+    assert whole["images"] == n == 180 and "train_accuracy" in whole
+    full = tmp_path / "full"
+    digits_pngs(full / "train")
+    digits_pngs(full / "test")
+    some = digits_pngs(full / "val", classes=("3", "7"))
+    assert evaluated(store, full)["images"] == n
+    assert evaluated(store, full, "--split", "val", split="val")["images"] == some
+    assert evaluated(store, full, "--split", "train", split="train")["images"] == n
+    bad = run_in_process("evaluate", "models:/digits@champion", "data.dataset=imagefolder",
+                         f"data.root={tmp_path / 'scans'}", "--split", "val",
+                         "--tracking-uri", store)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"accel: error: --split val: data.root='{tmp_path / 'scans'}' has no val/ folder "
+        "(it has train/)"], bad.stderr
 
 
 def test_sigterm_while_evaluating_ends_the_evaluation_run_killed(study, tmp_path):

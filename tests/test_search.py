@@ -375,6 +375,36 @@ def test_each_pruner_can_be_chosen_from_the_command_line(name):
     assert isinstance(search.build_pruner(cfg.search.pruner, cfg.train.epochs), kinds[name])
 
 
+@pytest.mark.parametrize("outcome", ["pruned", "failed"])
+def test_the_exit_code_says_whether_an_invocation_failed_and_why(tmp_path, monkeypatch,
+                                                                  outcome, capfd):
+    """Pruned trials are the pruner's verdict: exit 0. Failed ones with none complete: exit 1,
+    and the last line says why."""
+    import optuna
+
+    class AlwaysPrune(optuna.pruners.BasePruner):
+        def prune(self, study, trial) -> bool:
+            return True
+
+    monkeypatch.setattr(tune_workers, "build_pruner", lambda *a: AlwaysPrune())
+    stores = Stores(tmp_path)
+    space = {"train.weight_decay": SPACE["train.weight_decay"]}  # train.lr stays as set
+    path = experiment(tmp_path, "exits", space)
+    overrides = [f"train.lr={NAN_LR}", "train.optimizer=sgd"] if outcome == "failed" else []
+    code = stores.tune(path, "exits", "--n-trials", "1", overrides=overrides)
+    err = capfd.readouterr().err
+    [trial] = stores.study("exits").trials
+    assert trial.state.name == {"pruned": "PRUNED", "failed": "FAIL"}[outcome]
+    if outcome == "pruned":
+        assert code == 0, err[-2000:]
+        assert "1 pruned, 0 failed" in err
+    else:
+        assert code == 1, err[-2000:]
+        assert err.strip().splitlines()[-1] == (
+            "accel: exit 1: no trial of this invocation completed and some failed; each failed "
+            "trial's run holds its error (tag accel.error)")
+
+
 INVALID = {
     "unknown key": ({"train.lrr": {"type": "float", "low": 0.1, "high": 1.0}},
                     "unknown config key"),
@@ -544,6 +574,31 @@ def test_rerun_with_another_direction_or_space_is_refused(study5, capsys):
     # The same settings under a new study name are a new study (prepared, not run here).
     fresh, _ = search.prepare(config.load(other), "s5-other", stores.storage, stores.uri)
     assert fresh.user_attrs["accel.definition"]["space"]["train.lr"]["high"] == 0.5
+
+
+def test_a_study_remembers_its_data_and_refuses_other_data(study5, capsys, tmp_path):
+    """Trials on other data are not comparable: under the same study name they are refused,
+    naming both; without --study the other data gets its own study and experiment."""
+    from tests.conftest import make_imagefolder
+
+    stores, exp = study5
+    n = len(stores.study("s5").trials)
+    assert stores.study("s5").user_attrs["accel.definition"]["data"]["dataset"] == "digits"
+    folder = make_imagefolder(tmp_path / "scans", side=16, classes=2,
+                              per_class={"train": 4, "test": 2})
+    other = ["data.dataset=imagefolder", f"data.root={folder}"]
+    capsys.readouterr()
+    assert stores.tune(exp, "s5", overrides=other) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "its trials trained on dataset=digits" in err
+    assert f"this run asks for dataset=imagefolder root={folder}" in err
+    assert len(stores.study("s5").trials) == n, "a refused run must not add trials"
+    # No --study: the name follows the data (the study is prepared, not run here).
+    cfg = config.load(exp, other)
+    assert cfg.name == "s5-scans"
+    fresh, _ = search.prepare(cfg, cfg.name, stores.storage, stores.uri)
+    assert fresh.user_attrs["accel.definition"]["data"]["root"] == str(folder)
 
 
 def test_rerun_resumes_the_study_under_the_same_parent_run(study5):

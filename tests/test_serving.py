@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,3 +112,63 @@ def test_the_model_refuses_images_of_another_size(served, tmp_path):
                            str(tmp_path / "small.npy")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 or json.loads(proc.stdout.splitlines()[-1])["status"] != 200
+
+
+def test_the_serving_recipe_works_as_pasted_against_mlflow_models_serve(served, tmp_path):
+    """docs/registry.md's recipe: `mlflow models serve` on the registered model with the store
+    named by MLFLOW_TRACKING_URI, [0, 1] images posted to /invocations, logits back, the class
+    names from the model's metadata. The same pictures as 0-255 pixels get the same answers;
+    nothing is written where the server runs."""
+    import socket
+    import time
+    import urllib.request
+
+    import mlflow
+
+    from tests.conftest import stop_group
+
+    store, _ = served
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bin_dir = str(Path(sys.executable).parent)  # .venv activated: mlflow and uvicorn on PATH
+    env = {**os.environ, "MLFLOW_TRACKING_URI": store,
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.Popen(["mlflow", "models", "serve", "-m", "models:/served@champion",
+                             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            try:
+                if urllib.request.urlopen(f"{base}/ping", timeout=2).status == 200:
+                    break
+            except OSError:
+                assert time.time() < deadline, "the server did not answer /ping in time"
+                time.sleep(0.5)
+        images, labels = unit_images()
+
+        def predict(x: np.ndarray) -> np.ndarray:
+            req = urllib.request.Request(f"{base}/invocations",
+                                         json.dumps({"inputs": x.tolist()}).encode(),
+                                         {"Content-Type": "application/json"})
+            return np.array(json.load(urllib.request.urlopen(req, timeout=60))["predictions"])
+
+        logits = predict(images)
+        pixels = predict(np.round(images * 255).astype(np.float32))
+    finally:
+        stop_group(proc)
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(store)
+    try:
+        classes = mlflow.models.get_model_info("models:/served@champion").metadata["classes"]
+    finally:
+        mlflow.set_tracking_uri(before)
+    assert logits.shape == (len(images), 10) and classes == [str(c) for c in range(10)]
+    named = [classes[i] for i in logits.argmax(1)]
+    assert np.mean(np.array(named) == labels.astype(str)) > 0.3  # it learned (chance: 0.1)
+    assert (pixels.argmax(1) == logits.argmax(1)).mean() >= 0.98  # 8-bit rounding aside
+    assert not list(tmp_path.glob("*.db")) and not (tmp_path / "mlruns").exists()

@@ -5,6 +5,7 @@ is 128 + 15, and the same command carries on."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -54,6 +55,20 @@ def wait_for_epoch(proc: subprocess.Popen, store: str, experiment: str, role: st
     raise AssertionError("no epoch was logged in time")
 
 
+def wait_for_run(proc: subprocess.Popen, store: str, experiment: str) -> None:
+    """Until the command's run exists in the store (its first epoch has begun)."""
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        try:
+            if runs(store, experiment):
+                return
+        except Exception:  # the store is being created
+            pass
+        time.sleep(0.5)
+    raise AssertionError("no run was opened in time")
+
+
 def stop(proc: subprocess.Popen, group: bool = False) -> tuple[int, str]:
     if group:  # Slurm and Kubernetes signal every process of the job
         os.killpg(proc.pid, signal.SIGTERM)
@@ -88,6 +103,12 @@ def test_sigterm_ends_a_study_cleanly_and_the_rerun_resumes(tmp_path, workers):
     statuses = {r.info.run_name: r.info.status for r in runs(store, "term")}
     assert "RUNNING" not in statuses.values(), statuses
     assert statuses["study-term"] == "KILLED"
+    # The last line names the study's parent run and the command that carries the study on.
+    [parent] = [r for r in runs(store, "term") if r.data.tags.get("accel.role") == "study"]
+    last = err.strip().splitlines()[-1]
+    assert f"the study's parent run {parent.info.run_id}" in last, last
+    _, *again = shlex.split(last.split("carry the study on with: ", 1)[1])
+    assert again == [*tune, "--n-trials", "2", "--workers", workers]
     import optuna
 
     from accel.tune import open_storage
@@ -133,21 +154,51 @@ def test_sigterm_to_train_and_to_resume_then_resume_finishes(tmp_path):
     [run] = runs(store, "pre")
     first = logged_epochs(store, run.info.run_id)
     assert run.info.status == "KILLED" and 2 <= len(first) < 12
+    # The last line names the run and the command that carries it on, as pasted: each resume
+    # below runs the command the stop before it printed.
+    resume = carry_on_command(err)
+    assert resume == ["resume", run.info.run_id, "--tracking-uri", store], err[-500:]
 
-    proc = start("resume", run.info.run_id, "--tracking-uri", store)
+    proc = start(*resume)
     wait_for_epoch(proc, store, "pre", "train", epochs=len(first) + 2)
     code, err = stop(proc)
     assert code == SIGTERM_EXIT and "Traceback" not in err, err[-2000:]
     [run] = runs(store, "pre")
     second = logged_epochs(store, run.info.run_id)
     assert run.info.status == "KILLED" and len(first) < len(second) < 12
+    assert carry_on_command(err) == resume
 
-    proc = start("resume", run.info.run_id, "--tracking-uri", store)
+    proc = start(*resume)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     [run] = runs(store, "pre")
     assert run.info.status == "FINISHED"
     assert logged_epochs(store, run.info.run_id) == list(range(1, 13))
+
+
+def carry_on_command(err: str) -> list[str]:
+    """The command a stopped command's last line says to run next, without the program
+    (`accel`, or `.venv/bin/accel` where PATH does not find it):
+    '... run ID was marked KILLED; carry it on with: accel resume ID ...'."""
+    last = err.strip().splitlines()[-1]
+    assert "carry it on with: " in last, last
+    program, *args = shlex.split(last.split("carry it on with: ", 1)[1])
+    assert Path(program).name == "accel" and (ROOT / program).exists() or program == "accel"
+    return args
+
+
+def test_a_run_stopped_before_its_first_checkpoint_says_to_start_over(tmp_path):
+    store = new_store(tmp_path)
+    proc = start("train", *TINY_OVERRIDES, "train.epoch_length=1000000", "--tracking-uri",
+                 store, "--experiment", "early")
+    wait_for_run(proc, store, "early")
+    code, err = stop(proc)
+    assert code == SIGTERM_EXIT, err[-2000:]
+    [run] = runs(store, "early")
+    assert run.info.status == "KILLED"
+    assert err.strip().splitlines()[-1] == (
+        f"accel: stopped by SIGTERM; run {run.info.run_id} was marked KILLED before its first "
+        "checkpoint: run the same command again to start over")
 
 
 def test_sigterm_ends_a_reproduce_rerun_killed(tmp_path):

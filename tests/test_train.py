@@ -369,6 +369,82 @@ def test_new_data_on_the_command_line_brings_its_own_size_and_channels(
     assert run.data.params["resolved.img_size"] == "16"
 
 
+def test_a_run_on_other_data_goes_to_its_own_experiment(gray_imagefolder, store):
+    """The quickstart's file on another folder: not among the digits runs; one line says where."""
+    proc = run_in_process("train", "data.dataset=imagefolder", f"data.root={gray_imagefolder}",
+                          "train.epochs=1", "train.epoch_length=2", "train.batch_size=8",
+                          "train.device=cpu", "tracking.system_metrics=false",
+                          "--tracking-uri", store)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    name = f"quickstart-{gray_imagefolder.name}"
+    [line] = [ln for ln in proc.stderr.splitlines() if "runs and studies go under" in ln]
+    assert f"is not the data of quickstart.yaml: runs and studies go under the name {name}" in line
+    assert len(runs_in(store, name)) == 1
+    assert runs_in(store, "quickstart") == []
+
+
+@pytest.fixture(scope="module")
+def digits_imagefolder(tmp_path_factory) -> Path:
+    """scikit-learn's digits as an ImageFolder with a test split: data a few epochs learn."""
+    from PIL import Image
+
+    from accel.data import load_digits_arrays
+
+    images, labels = load_digits_arrays()
+    root = tmp_path_factory.mktemp("digits_folder")
+    for i, (image, label) in enumerate(zip(images[:600], labels[:600], strict=True)):
+        folder = root / ("train" if i < 480 else "test") / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray((image * 15).astype("uint8"), mode="L").save(folder / f"{i}.png")
+    return root
+
+
+def test_test_metrics_describe_the_weights_best_pt_holds(digits_imagefolder, store):
+    """test_* are scored with the best epoch's weights, the ones a logged, registered or served
+    model carries: `accel evaluate` of the run's model gives the run's own test numbers. The
+    best epoch is made the first (the highest val_loss) so that it is not the last."""
+    proc = run_in_process("train", "data.dataset=imagefolder", f"data.root={digits_imagefolder}",
+                          "model.name=test_resnet", "model.img_size=16", "train.epochs=3",
+                          "train.batch_size=32", "train.device=cpu", "train.amp=off",
+                          "search.metric=val_loss", "search.direction=maximize",
+                          "tracking.log_model=true", "tracking.system_metrics=false",
+                          "--tracking-uri", store, "--experiment", "bestw")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [run] = runs_in(store, "bestw")
+    metrics = run.data.metrics
+    assert metrics["best_epoch"] == 1, "the check needs a best epoch before the last"
+    assert "best_epoch=1 best_val_loss=" in proc.stdout  # the closing line names it
+    evaluated = run_in_process("evaluate", f"runs:/{run.info.run_id}/model",
+                               "--tracking-uri", store)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    [evaluation] = [r for r in runs_in(store, "bestw") if r.data.tags["accel.role"] == "evaluate"]
+    assert evaluation.data.metrics["images"] == 120
+    assert evaluation.data.metrics["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+    assert evaluation.data.metrics["test_loss"] == pytest.approx(metrics["test_loss"], rel=1e-4)
+
+
+def test_an_epoch_of_few_updates_says_so_and_what_is_left_out(store, monkeypatch):
+    """115 images at the default batch of 64: one update an epoch, 51 images left out."""
+    from accel.train import parts
+
+    monkeypatch.setattr(parts, "_said", set())  # said once per process: this test's process
+    proc = run_in_process("train", "data.dataset=digits", "data.train_limit=115",
+                          "model.name=test_resnet", "train.epochs=1", "train.device=cpu",
+                          "tracking.system_metrics=false", "--tracking-uri", store,
+                          "--experiment", "few")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [line] = [ln for ln in proc.stderr.splitlines() if "an epoch is" in ln]
+    assert line == ("accel: an epoch is 1 update(s) (115 training images, train.batch_size=64); "
+                    "the last 51 image(s) of each shuffled pass are left out (a different few "
+                    "each epoch), so that every update has a full batch; a smaller "
+                    "train.batch_size gives more updates")
+    quiet = run_in_process("train", "data.dataset=digits", "data.train_limit=115",
+                           "model.name=test_resnet", "train.epochs=1", "train.device=cpu",
+                           "train.batch_size=8", "tracking.system_metrics=false",
+                           "--tracking-uri", store, "--experiment", "few")
+    assert quiet.returncode == 0 and "an epoch is" not in quiet.stderr, quiet.stderr[-2000:]
+
+
 def test_a_config_file_for_the_data_keeps_its_image_size(tmp_path):
     """Only a dataset changed on the command line lets the file's model.img_size go."""
     path = tmp_path / "exp.yaml"

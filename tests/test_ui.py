@@ -76,12 +76,15 @@ def test_no_browser_skips_it_and_the_link_is_printed_either_way(store, monkeypat
     from accel.cli import main
 
     uri, experiment_id = store
-    calls = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd, env: 0)  # no server: the flag's effect
+    calls, servers = [], []
+    monkeypatch.setattr(subprocess, "call",  # no server: the flag's effect
+                        lambda cmd, env: servers.append(cmd) or 0)
     monkeypatch.setattr(console, "open_when_serving", lambda *a: calls.append(a))
     assert main(["ui", "--tracking-uri", uri, "--port", "5123", *flags]) == 0
     link = page(5123, experiment_id)
     assert calls == ([("http://127.0.0.1:5123", link)] if opened else [])
+    [cmd] = servers  # bound to 127.0.0.1, one worker process (MLflow's default is 4)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--workers") + 1] == "1"
     assert f"open first: {link}" in capsys.readouterr().err
 
 

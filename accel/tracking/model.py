@@ -16,6 +16,8 @@ with a warning.
 
 from __future__ import annotations
 
+import torch
+
 from accel.console import warn
 from accel.errors import one_line
 from accel.uris import with_driver
@@ -24,6 +26,21 @@ MODEL_NAME = "model"  # the logged model's name in its run
 METADATA_CLASSES = "classes"  # class names, in the order of the model's outputs
 METADATA_INPUT = "input"  # what the model takes, e.g. "float32 NCHW [0, 1]"
 SERVED_INPUT = "float32 NCHW [0, 1]"
+METADATA_RANGE = "input_range"  # how it reads values outside [0, 1]
+SERVED_RANGE = "an image with any value above 1 is read as 0-255 pixels and divided by 255"
+
+
+class ToUnitRange(torch.nn.Module):
+    """Passes [0, 1] images through and divides an image whose values exceed 1 (0-255 pixels,
+    as image files hold them) by 255, per image: either way a caller sends a picture, it is
+    classified as the same picture. No Python branch on the data: torch.export traces it into
+    the program (and the pickled fallback finds this class in accel)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        over = x.flatten(1).amax(dim=1) > 1.0
+        scale = torch.where(over, torch.full_like(over, 255.0, dtype=x.dtype),
+                            torch.ones_like(over, dtype=x.dtype))
+        return x / scale.view(-1, *([1] * (x.dim() - 1)))
 
 
 def served(net, classes: list[str], shape: tuple[int, int, int], mean, std):
@@ -34,9 +51,11 @@ def served(net, classes: list[str], shape: tuple[int, int, int], mean, std):
 
     # torchvision's Normalize: the pickled fallback loads without accel; torch.export traces it
     # into the program.
-    module = torch.nn.Sequential(v2.Normalize(list(mean), list(std)), net).cpu().eval()
+    module = torch.nn.Sequential(ToUnitRange(), v2.Normalize(list(mean), list(std)),
+                                 net).cpu().eval()
     metadata = {METADATA_CLASSES: list(classes), METADATA_INPUT: SERVED_INPUT,
-                "input_shape": [-1, *shape], "mean": list(mean), "std": list(std)}
+                METADATA_RANGE: SERVED_RANGE, "input_shape": [-1, *shape], "mean": list(mean),
+                "std": list(std)}
     return module, metadata
 
 
@@ -73,8 +92,13 @@ def log_torch_model(tracking_uri: str, run_id: str, model, example, label: str,
                     raise
                 warn(f"torch.export cannot trace {label} ({one_line(e)[:150]}); logging it "
                      "pickled instead (loading it needs timm and runs code)")
-    except BaseException:  # an error or a stop: the half-logged model says so
+    except BaseException as e:  # an error or a stop: the half-logged model says so
         client.finalize_logged_model(logged.model_id, "FAILED")
+        if isinstance(e, KeyboardInterrupt):
+            from accel import signals
+
+            signals.leave_behind(f"the model being logged into run {run_id} was marked FAILED "
+                                 "(the run stays as it was): run the same command again")
         raise
     raise AssertionError("unreachable")
 

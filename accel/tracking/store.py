@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
+from accel.console import program
 from accel.errors import ConfigError, one_line
 from accel.tracking.client import Tracker, check_supported
 from accel.uris import DEFAULT_URI, redact, resolve_uri, sqlite_path
@@ -167,6 +168,6 @@ def browse_hint(uri: str, experiment_id: str) -> str:
         parts = urlparse(uri)
         return runs_page(parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl(),
                          experiment_id)
-    command = "accel ui" + (f" --tracking-uri {shlex.quote(redact(uri))}"
+    command = f"{program()} ui" + (f" --tracking-uri {shlex.quote(redact(uri))}"
                             if uri != DEFAULT_URI else "")
     return f"{command}, then open {runs_page(UI_URL, experiment_id)}"

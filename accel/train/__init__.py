@@ -8,6 +8,7 @@ the epochs (`epochs`), finish (test split, artifacts, status).
 from __future__ import annotations
 
 import math
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +16,13 @@ from typing import Any
 
 from accel import signals
 from accel.config import Config
+from accel.console import program
 from accel.errors import NonFiniteLoss
 from accel.train.checkpoint import Resume, restore
 from accel.train.epochs import attach_epoch_handlers, find_best_epoch, run_epochs
 from accel.train.parts import Parts, build
 from accel.train.run_log import RunLog, log_results, open_run, run_costs
+from accel.uris import redact
 
 __all__ = ["NonFiniteLoss", "Result", "Resume", "describe", "find_best_epoch", "train"]
 
@@ -43,6 +46,7 @@ class Result:
     epochs: int = 0  # epochs completed
     wall_time_s: float = 0.0
     best_epoch: int = 0  # 1-based: the epoch whose weights checkpoint/best.pt holds
+    metric: str = "val_accuracy"  # search.metric: what picked the best epoch
 
     @property
     def best(self) -> dict[str, float]:
@@ -84,7 +88,7 @@ def train(
                else RunLog())
         attach_epoch_handlers(parts, run, trial)
         try:
-            final = run_epochs(parts)
+            final = run_epochs(parts, run)
             best = find_best_epoch(parts.history, cfg.search.metric, cfg.search.direction)
             log_results(parts, run, final, best)
             status = "FINISHED"
@@ -94,6 +98,9 @@ def train(
             status, error = ("KILLED" if stop else "FAILED"), e
             if isinstance(e, stopped) and not isinstance(e, KeyboardInterrupt):  # pruned
                 run.drop_last_state()
+            elif stop and track and trial is None:  # a study says how it carries on itself
+                signals.leave_behind(carry_on(run.run_id, cfg, parent_run_id,
+                                              run.resumable or resume is not None))
             if stop and not isinstance(e, stopped):  # the signal landed inside torch.save, say
                 raise KeyboardInterrupt from e
             raise
@@ -101,7 +108,21 @@ def train(
             run.end(status, error)
             parts.data.close()  # a study or an ablation trains again in this process
     return Result(run.run_id, final, parts.history, len(parts.history),
-                  time.perf_counter() - started, best)
+                  time.perf_counter() - started, best, cfg.search.metric)
+
+
+def carry_on(run_id: str, cfg: Config, parent_run_id: str | None, resumable: bool) -> str:
+    """What a stopped run's command says last: the run, and how to carry it on."""
+    if parent_run_id is not None:  # a run of an ablation or a verification: its command again
+        return f"run {run_id} was marked KILLED"
+    if not cfg.tracking.log_checkpoint:
+        return (f"run {run_id} was marked KILLED (tracking.log_checkpoint=false: no checkpoint "
+                "to resume): run the same command again to start over")
+    if not resumable:
+        return (f"run {run_id} was marked KILLED before its first checkpoint: run the same "
+                "command again to start over")
+    where = f" --tracking-uri {shlex.quote(redact(cfg.tracking.uri))}" if cfg.tracking.uri else ""
+    return f"run {run_id} was marked KILLED; carry it on with: {program()} resume {run_id}{where}"
 
 
 def _reset_peak_memory(device_name: str) -> None:
@@ -145,5 +166,8 @@ def _report_earlier_epochs(trial: Any, parts: Parts) -> None:
 
 def describe(result: Result) -> str:
     shown = {k: v for k, v in result.metrics.items() if k in METRIC_NAMES or k.startswith("test_")}
+    if result.best_epoch:  # best.pt's epoch, which test_* and a registered model use
+        shown = {**shown, "best_epoch": result.best_epoch,
+                 f"best_{result.metric}": result.best[result.metric]}
     parts = " ".join(f"{k}={v:.4g}" for k, v in shown.items() if math.isfinite(v))
     return f"run {result.run_id}: {result.epochs} epochs in {result.wall_time_s:.1f}s  {parts}"

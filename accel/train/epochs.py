@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from accel.console import note
 from accel.errors import NonFiniteLoss
 from accel.train.parts import Parts
 from accel.train.run_log import RunLog
@@ -55,7 +56,10 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
             return
         row = epoch_row(parts, clock["t0"])
         parts.history.append(row)
+        while parts.notes:
+            note(parts.notes.pop(0))
         if find_best_epoch(parts.history, metric, direction) == len(parts.history):
+            parts.best_state = {k: v.detach().clone() for k, v in parts.bare.state_dict().items()}
             run.best_weights(parts.bare)
         # The checkpoint (after every draw of randomness this epoch makes) before the epoch's
         # metrics: a run stopped between the two logs them when it resumes, so every epoch is
@@ -128,8 +132,10 @@ def synchronize(device: torch.device) -> None:
 # --- run and finish ---------------------------------------------------------------------------
 
 
-def run_epochs(parts: Parts) -> dict[str, float]:
-    """Train all epochs; the last epoch's metrics, plus test_* where a test split exists."""
+def run_epochs(parts: Parts, run: RunLog) -> dict[str, float]:
+    """Train all epochs; the last epoch's metrics, plus test_* where a test split exists,
+    scored with the best epoch's weights: those best.pt holds, which a registered or served
+    model and `accel evaluate` use, so every number of a run describes the model it publishes."""
     t, trainer = parts.cfg.train, parts.trainer
     if trainer.state.epoch < t.epochs:  # a run resumed after its last epoch has none left
         trainer.run(parts.batches, max_epochs=t.epochs, epoch_length=parts.epoch_length)
@@ -140,9 +146,31 @@ def run_epochs(parts: Parts) -> dict[str, float]:
             f"(train.lr={t.lr}); the run is marked FAILED"
         )
     final = dict(parts.history[-1])
+    changed = load_best(parts, run)
+    if parts.data.test is None and changed:  # the confusion matrix logged is of these weights
+        parts.evaluator.run(parts.data.val)
     if parts.data.test is not None:
         test = parts.evaluator.run(parts.data.test).metrics
         final.update(test_loss=test["loss"], test_accuracy=test["accuracy"],
                      test_f1=float(test["f1"]))
     return final
 
+
+
+def load_best(parts: Parts, run: RunLog) -> bool:
+    """Put the best epoch's weights into the model: kept in memory when that epoch ran in this
+    process, else (a resumed run whose best epoch came before) read from the run's best.pt.
+    False where the model holds them already (or they cannot be found)."""
+    cfg = parts.cfg
+    best = find_best_epoch(parts.history, cfg.search.metric, cfg.search.direction)
+    if best == len(parts.history):
+        return False
+    state = parts.best_state if parts.best_state is not None else run.stored_best()
+    if state is None:
+        from accel.console import warn
+
+        warn(f"test_* are scored with the last epoch's weights: the best epoch ({best}) ran "
+             "before this process and its best.pt is not in the store")
+        return False
+    parts.bare.load_state_dict(state)
+    return True

@@ -30,6 +30,9 @@ class Parts:
     epoch_length: int  # micro-batches per epoch
     batches: Any  # accel.train.checkpoint.Batches: the train loader, as the trainer reads it
     history: list[dict[str, float]] = field(default_factory=list)
+    best_state: dict[str, torch.Tensor] | None = None  # the best epoch's weights, this process
+    notes: list[str] = field(default_factory=list)  # said once an epoch has trained: bad data
+    # found in the first epoch is then the only line a failed command prints
 
 
 
@@ -52,6 +55,11 @@ def build(cfg: Config) -> Parts:
     if amp_dtype is torch.bfloat16 and device.type == "cpu":
         engine.guard_cpu_bf16_convs(bare)
     epoch_length = t.epoch_length or len(data.train)
+    few = None if t.epoch_length else few_updates(data.train, t.accumulation_steps, epoch_length)
+    notes = []
+    if few and few not in _said:  # train.epoch_length set: the user chose the epoch's size
+        _said.add(few)  # once per process: a study's trials would repeat it
+        notes.append(few)
     optimizer = engine.build_optimizer(model, t)
     non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
     step = engine.UpdateStep(
@@ -71,7 +79,27 @@ def build(cfg: Config) -> Parts:
                                         channels_last=t.channels_last, non_blocking=non_blocking,
                                         tta=cfg.eval.tta)
     return Parts(cfg, device, data, bare, step, engine.create_trainer(step), evaluator,
-                 amp_dtype, epoch_length, Batches(data.train))
+                 amp_dtype, epoch_length, Batches(data.train), notes=notes)
+
+
+FEW_UPDATES = 10  # updates per epoch under which a run says so
+_said: set[str] = set()
+
+
+def few_updates(loader, accumulation_steps: int, epoch_length: int) -> str | None:
+    """A notice when an epoch is only a few updates (a small data set at the default batch
+    size): the schedule and the per-epoch metrics then move in large steps. It says what the
+    last partial batch becomes."""
+    updates = epoch_length // accumulation_steps
+    if updates >= FEW_UPDATES:
+        return None
+    n, b = len(loader.dataset), loader.batch_size
+    left = n % b if loader.drop_last else 0
+    dropped = (f"; the last {left} image(s) of each shuffled pass are left out (a different "
+               "few each epoch), so that every update has a full batch" if left else "")
+    return (f"an epoch is {updates} update(s) ({n} training images, train.batch_size={b}"
+            + (f", train.accumulation_steps={accumulation_steps}" if accumulation_steps > 1
+               else "") + f"){dropped}; a smaller train.batch_size gives more updates")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

@@ -3,7 +3,6 @@ log the results, end it. Without a tracker (`track=False`) every call does nothi
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ class RunLog:
         self.tracker, self.run_id = tracker, run_id
         self.scratch, self.keep_checkpoints = scratch, keep_checkpoints
         self.monitor = None  # MLflow's SystemMetricsMonitor, while the run trains
+        self.resumable = False  # a last-epoch checkpoint is in the store (`accel resume`)
 
     def metrics(self, values: dict[str, float], step: int) -> None:
         if self.tracker:
@@ -38,10 +38,25 @@ class RunLog:
             checkpoint.save(model.state_dict(), path)
             self.tracker.log_artifact(self.run_id, path, checkpoint.ARTIFACT_DIR)
 
+    def stored_best(self) -> dict[str, torch.Tensor] | None:
+        """The run's checkpoint/best.pt from this process's scratch folder or the store."""
+        if not (self.tracker and self.keep_checkpoints):
+            return None
+        best = self.scratch / checkpoint.BEST
+        if not best.exists():
+            try:
+                best = Path(self.tracker.client.download_artifacts(
+                    self.run_id, f"{checkpoint.ARTIFACT_DIR}/{checkpoint.BEST}",
+                    str(self.scratch)))
+            except Exception:
+                return None
+        return torch.load(best, map_location="cpu", weights_only=True)
+
     def last_state(self, parts: Parts) -> None:
         """The last-epoch checkpoint (`accel resume` carries on from it)."""
         if self.tracker and self.keep_checkpoints:
             checkpoint.upload(self.tracker, self.run_id, checkpoint.capture(parts), self.scratch)
+            self.resumable = True
 
     def drop_last_state(self) -> None:
         """A finished or pruned run is not resumed: its last-epoch checkpoint goes (best.pt
@@ -64,8 +79,8 @@ class RunLog:
         self.monitor.start()
 
     def log_model(self, parts: Parts) -> None:
-        """The best epoch's weights (best.pt; the last epoch's where checkpoints are off) as an
-        MLflow PyTorch model in this run (`tracking.log_model`)."""
+        """The best epoch's weights (those best.pt holds) as an MLflow PyTorch model in this
+        run (`tracking.log_model`)."""
         import copy
 
         from accel.data import normalisation, to_unit_range
@@ -74,14 +89,10 @@ class RunLog:
 
         model = copy.deepcopy(parts.bare).cpu().eval()
         unguard_convs(model)
-        best = self.scratch / checkpoint.BEST
-        if not best.exists() and self.keep_checkpoints:  # a resumed run: its best came earlier
-            with contextlib.suppress(Exception):
-                best = Path(self.tracker.client.download_artifacts(
-                    self.run_id, f"{checkpoint.ARTIFACT_DIR}/{checkpoint.BEST}",
-                    str(self.scratch)))
-        if best.exists():
-            model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True))
+        # In memory when the best epoch ran in this process; else best.pt (a resumed run)
+        best = parts.best_state if parts.best_state is not None else self.stored_best()
+        if best is not None:
+            model.load_state_dict(best)
         data, kind = parts.data, parts.cfg.data.dataset
         mean, std = normalisation(kind, data.in_chans)
         module, metadata = served(model, data.classes, (data.in_chans, data.img_size,

@@ -9,7 +9,7 @@ from typing import Any
 
 from accel import signals
 from accel.config import Config, ConfigError
-from accel.console import note, progress, quiet_libraries
+from accel.console import note, program, progress, quiet_libraries
 from accel.tracking import retry_locked, tracker_for
 from accel.tracking.store import browse_hint
 from accel.tune import pareto, warm
@@ -53,10 +53,16 @@ def cli_tune(args, cfg: Config) -> int:
         _finish_parent(tracker_for(job.tracking_uri), study, job, status)
     progress(summary(study, job))
     if status == "KILLED":
-        note("interrupted; this run's unfinished trial(s) were marked FAIL (MLflow "
-             "KILLED); run the same command again to resume the study")
-    elif code == 0 and n_trials and not _any_complete(study, job.invocation):
-        code = 1  # every trial of this invocation failed: say so to scripts
+        again = shlex.join(signals.command) if signals.command else "the same command"
+        note(f"interrupted; this run's unfinished trial(s) were marked FAIL (their MLflow runs "
+             f"KILLED; the study's parent run {job.parent_run_id}); carry the study on with: "
+             f"{again}")
+    elif code != 0:
+        note(f"exit {code}: a worker process ended with an error (its last lines are above)")
+    elif n_trials and _failed_only(study, job.invocation):
+        code = 1  # no trial of this invocation completed, and not because of pruning
+        note("exit 1: no trial of this invocation completed and some failed; each failed "
+             "trial's run holds its error (tag accel.error)")
     return code
 
 
@@ -152,9 +158,14 @@ def _finish_parent(tracker, study, job: TuneJob, status: str) -> None:
             retry_locked(tracker.end_run, job.parent_run_id, status)
 
 
-def _any_complete(study, invocation: str) -> bool:
-    return any(t.user_attrs.get(st.ATTR_INVOCATION) == invocation
-               for t in study.get_trials(deepcopy=False, states=st.complete_states()))
+def _failed_only(study, invocation: str) -> bool:
+    """This invocation completed no trial and failed at least one: pruned trials are the
+    pruner's verdict, not failures."""
+    mine = [t for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get(st.ATTR_INVOCATION) == invocation]
+    complete = set(st.complete_states())
+    return (not any(t.state in complete for t in mine)
+            and any(t.state.name == "FAIL" for t in mine))
 
 
 def summary(study, job: TuneJob) -> str:
@@ -168,7 +179,7 @@ def summary(study, job: TuneJob) -> str:
         best_text = f"Pareto front: {len(pareto.front(study))} trial(s)"
     return (f"study {job.study}: this run {len(mine)} trial(s) ({counts['COMPLETE']} complete, "
             f"{counts['PRUNED']} pruned, {counts['FAIL']} failed); {len(study.trials)} in all; "
-            f"{best_text}. See `accel best --study {job.study}"
+            f"{best_text}. See `{program()} best --study {job.study}"
             f"{_storage_flag(job.storage)}`")
 
 
@@ -249,7 +260,8 @@ def cli_best(args) -> int:
                   f"{verification.info.run_id}), with the weights of its own tuning run "
                   f"{run_id} (checkpoint/best.pt)")
         print(f"registered: models:/{done.name}@{done.alias} (version {done.version}, "
-              f"{done.serialization}); evaluate: accel evaluate models:/{done.name}@{done.alias}"
+              f"{done.serialization}); evaluate: {program()} evaluate "
+              f"models:/{done.name}@{done.alias}"
               + (f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""))
     return 0
 
@@ -293,7 +305,7 @@ def _reproduce_command(tracker, name: str, uri: str):
         run_id = trial.user_attrs.get(st.ATTR_RUN) or st.find_trial_run(tracker, name,
                                                                          trial.number)
         flag = f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""
-        return f"accel reproduce {run_id}{flag}", run_id
+        return f"{program()} reproduce {run_id}{flag}", run_id
 
     return command
 
@@ -308,7 +320,7 @@ def _print_front(study, counts: str, reproduce, storage_flag: str) -> None:
         command, run_id = reproduce(t)
         print(f"  trial {t.number}: {pareto.describe(study, t.values)}  run {run_id}  "
               f"reproduce: {command}")
-    print(f"pick one (the front's best on a metric): accel best --study {study.study_name}"
+    print(f"pick one (the front's best on a metric): {program()} best --study {study.study_name}"
           f"{storage_flag} --pick {'|'.join(pareto.objective_names(study))}")
 
 

@@ -239,14 +239,33 @@ def definition(cfg: Config, dims: list[Dim]) -> dict[str, Any]:
     epoch there)."""
     space = {d.key: d.as_dict() for d in dims}
     if cfg.search.objectives:
-        return {"objectives": [list(o) for o in objectives(cfg.search)], "space": space}
-    return {"metric": cfg.search.metric, "direction": cfg.search.direction, "space": space}
+        return {"objectives": [list(o) for o in objectives(cfg.search)], "space": space,
+                "data": study_data(cfg)}
+    return {"metric": cfg.search.metric, "direction": cfg.search.direction, "space": space,
+            "data": study_data(cfg)}
+
+
+def study_data(cfg: Config) -> dict[str, Any]:
+    """The data a study's trials train on: the dataset, the folder of an imagefolder (as the
+    config writes it: two nodes give the same path), and a size set by the config."""
+    d = cfg.data
+    return {"dataset": d.dataset, "root": d.root if d.dataset == "imagefolder" else None,
+            "train_limit": d.train_limit or None, "img_size": cfg.model.img_size}
+
+
+def _data_text(data: dict[str, Any] | None) -> str:
+    if not data:
+        return "unknown"
+    return " ".join(f"{k}={v}" for k, v in data.items() if v is not None)
 
 
 def check_same_study(name: str, stored: dict[str, Any], wanted: dict[str, Any]) -> None:
     """Refuse to resume a study with other objectives or another space: say what differs."""
     diffs = [f"search.{k} is {stored.get(k)}, this run asks for {wanted.get(k)}"
              for k in ("metric", "direction", "objectives") if stored.get(k) != wanted.get(k)]
+    if "data" in stored and stored["data"] != wanted.get("data"):  # older studies kept none
+        diffs.append(f"its trials trained on {_data_text(stored['data'])}, this run asks for "
+                     f"{_data_text(wanted.get('data'))}")
     old, new = stored.get("space", {}), wanted["space"]
     for key in sorted(old.keys() | new.keys()):
         if key not in new:
