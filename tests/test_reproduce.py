@@ -257,7 +257,9 @@ def test_best_trial_of_a_study_reproduces_as_printed(original, tmp_path, capsys)
                      "--brief"]) == 0
     summary, browse, reproduce = capsys.readouterr().out.strip().splitlines()
     assert summary.startswith("study tiny: 2 trials (") and "; best val_accuracy " in summary
-    assert browse.startswith("browse: accel ui --tracking-uri ") and "#/experiments/" in browse
+    # `accel`, or its path where PATH does not find it (as before `source .venv/bin/activate`)
+    assert re.match(r"browse: (\S+/)?accel ui --tracking-uri ", browse), browse
+    assert "#/experiments/" in browse
     assert reproduce == command
     argv = shlex.split(command[command.index("accel reproduce") :])[1:]  # as a user pastes it
 

@@ -122,9 +122,12 @@ def test_a_worker_killed_with_sigkill_has_its_trial_retried_from_its_checkpoint(
 
 
 def _being_set_up(journal: str, name: str) -> bool:
-    """The study exists and has no definition yet (written last): it is being set up. Only
-    the journal is read: a cheap poll, well inside the window."""
-    return Path(journal).is_file() and "accel.definition" not in load(journal, name).user_attrs
+    """The study exists, names its creator and has no definition yet (written last): it is
+    being set up. Only the journal is read: a cheap poll, well inside the window."""
+    if not Path(journal).is_file():
+        return False
+    attrs = load(journal, name).user_attrs  # its creator is recorded just after it is made
+    return "accel.created_by" in attrs and "accel.definition" not in attrs
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])

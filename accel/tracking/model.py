@@ -93,12 +93,18 @@ def log_torch_model(tracking_uri: str, run_id: str, model, example, label: str,
                 warn(f"torch.export cannot trace {label} ({one_line(e)[:150]}); logging it "
                      "pickled instead (loading it needs timm and runs code)")
     except BaseException as e:  # an error or a stop: the half-logged model says so
-        client.finalize_logged_model(logged.model_id, "FAILED")
-        if isinstance(e, KeyboardInterrupt):
-            from accel import signals
+        from accel import signals
+        from accel.tracking.client import retry_locked
 
+        try:  # a stop inside a store call can leave SQLite locked for a moment
+            retry_locked(client.finalize_logged_model, logged.model_id, "FAILED")
+        except Exception as failed:  # it must not hide the error or the stop that ended it
+            warn(f"model {logged.model_id} could not be marked FAILED: {one_line(failed)}")
+        if isinstance(e, KeyboardInterrupt) or signals.stop_requested():
             signals.leave_behind(f"the model being logged into run {run_id} was marked FAILED "
                                  "(the run stays as it was): run the same command again")
+            if not isinstance(e, KeyboardInterrupt):  # the stop landed inside MLflow's code
+                raise KeyboardInterrupt from e
         raise
     raise AssertionError("unreachable")
 

@@ -84,10 +84,12 @@ def train(
     stopped = _stop_errors(trial)  # a pruned trial, Ctrl-C or SIGTERM: the run ends KILLED
     status, error = "FAILED", None
     with scratch_dir() as scratch:
-        run = (open_run(parts, run_name, tags, parent_run_id, Path(scratch), resume) if track
-               else RunLog())
-        attach_epoch_handlers(parts, run, trial)
+        run = RunLog()  # untracked, until the MLflow run is open
         try:
+            if track:
+                with _whole():  # made whole; a stop that came meanwhile then ends it KILLED
+                    run = open_run(parts, run_name, tags, parent_run_id, Path(scratch), resume)
+            attach_epoch_handlers(parts, run, trial)
             final = run_epochs(parts, run)
             best = find_best_epoch(parts.history, cfg.search.metric, cfg.search.direction)
             log_results(parts, run, final, best)
@@ -98,7 +100,7 @@ def train(
             status, error = ("KILLED" if stop else "FAILED"), e
             if isinstance(e, stopped) and not isinstance(e, KeyboardInterrupt):  # pruned
                 run.drop_last_state()
-            elif stop and track and trial is None:  # a study says how it carries on itself
+            elif stop and run.run_id and trial is None:  # a study says how it carries on
                 signals.leave_behind(carry_on(run.run_id, cfg, parent_run_id,
                                               run.resumable or resume is not None))
             if stop and not isinstance(e, stopped):  # the signal landed inside torch.save, say
@@ -109,6 +111,16 @@ def train(
             parts.data.close()  # a study or an ablation trains again in this process
     return Result(run.run_id, final, parts.history, len(parts.history),
                   time.perf_counter() - started, best, cfg.search.metric)
+
+
+def _whole():
+    """`signals.deferred_stops` where signals can be handled (the main thread), else nothing."""
+    import contextlib
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        return signals.deferred_stops()
+    return contextlib.nullcontext()
 
 
 def carry_on(run_id: str, cfg: Config, parent_run_id: str | None, resumable: bool) -> str:
