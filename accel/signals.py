@@ -97,6 +97,22 @@ def deferred_stops():
         raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def atomic():
+    """A store write that a stop must not cut in half: SQLite would stay locked for the rest
+    of the process, and the clean-up's own writes (runs ended KILLED, trials FAIL) would fail.
+    A stop that arrives inside it is raised once the write is done. Where a stop would not be
+    raised anyway (clean-up ignores stops; another thread; no accel handler), nothing changes."""
+    import threading
+
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not _stop_once):
+        yield
+        return
+    with deferred_stops():
+        yield
+
+
 def restore(previous: dict) -> None:
     for s, handler in previous.items():
         signal.signal(s, handler)

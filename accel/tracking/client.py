@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from accel import signals
 from accel.config import Config, param_text
 from accel.errors import ConfigError
 from accel.uris import redact, resolve_uri, sqlite_path, with_driver
@@ -141,7 +142,8 @@ def retry_locked(fn, *args, attempts: int = 8, **kwargs):
     write to one MLflow store; its 20 s busy timeout does not cover lock upgrades)."""
     for i in range(attempts):
         try:
-            return fn(*args, **kwargs)
+            with signals.atomic():  # a stop waits for the write to end (SQLite stays usable)
+                return fn(*args, **kwargs)
         except Exception as e:
             if "database is locked" not in str(e) or i == attempts - 1:
                 raise
