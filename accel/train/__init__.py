@@ -87,7 +87,7 @@ def train(
         run = RunLog()  # untracked, until the MLflow run is open
         try:
             if track:
-                with _whole():  # made whole; a stop that came meanwhile then ends it KILLED
+                with signals.atomic():  # made whole; a stop meanwhile then ends it KILLED
                     run = open_run(parts, run_name, tags, parent_run_id, Path(scratch), resume)
             attach_epoch_handlers(parts, run, trial)
             final = run_epochs(parts, run)
@@ -111,16 +111,6 @@ def train(
             parts.data.close()  # a study or an ablation trains again in this process
     return Result(run.run_id, final, parts.history, len(parts.history),
                   time.perf_counter() - started, best, cfg.search.metric)
-
-
-def _whole():
-    """`signals.deferred_stops` where signals can be handled (the main thread), else nothing."""
-    import contextlib
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        return signals.deferred_stops()
-    return contextlib.nullcontext()
 
 
 def carry_on(run_id: str, cfg: Config, parent_run_id: str | None, resumable: bool) -> str:
