@@ -10,7 +10,7 @@ from accel import signals
 from accel.config import DEFAULT_CONFIG, Config
 from accel.console import program
 from accel.errors import ConfigError, NonFiniteLoss, first_line, one_line
-from accel.uris import DEFAULT_STORAGE, DEFAULT_URI, redact, with_driver
+from accel.uris import DEFAULT_STORAGE, DEFAULT_URI, redact, resolve_uri, with_driver
 
 
 class Parser(argparse.ArgumentParser):
@@ -316,6 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a full disk, an artifact folder that cannot be written
         print(f"accel: error: {one_line(e)}", file=sys.stderr)
         return 1
+    except Exception as e:  # a tracking server's login refusing what was asked: bad input too
+        from accel.tracking.client import store_refusal
+
+        refusal = store_refusal(e, resolve_uri(getattr(args, "tracking_uri", None)))
+        if refusal is None:
+            raise
+        print(f"accel: error: {refusal}", file=sys.stderr)
+        return 2
     finally:
         signals.restore(previous)
 

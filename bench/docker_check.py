@@ -11,8 +11,9 @@
    pg_isready).
 3. The image: `docker build -f docker/Dockerfile -t accel:cpu --network host`, with the host's
    extra CA certificates (/usr/local/share/ca-certificates/*.crt, or --extra-ca) as EXTRA_CA_CERT.
-4. The stack (project `accel`, credentials from docker/.env; made from .env.example with a random
-   password when absent and removed again): db + mlflow, then three studies on the quickstart:
+4. The stack (project `accel`, credentials from docker/.env; made from .env.example with random
+   passwords when absent and removed again): db + mlflow (its login refuses an anonymous
+   request), the workers' account, then three studies on the quickstart:
    1 worker, 2 workers (`--scale worker=2`), 2 workers with one container killed mid-trial.
    From the host, through the MLflow server on 127.0.0.1:5000: one parent run, one child run per
    trial, artifacts served as `mlflow-artifacts:`; in a worker container: `accel best --register`
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -49,6 +51,8 @@ PROJECT = "accel"
 IMAGE = "accel:cpu"
 PYTHON_BASE, POSTGRES_BASE = "python:3.11-slim", "postgres:17"
 MLFLOW_URL = "http://127.0.0.1:5000"
+# docker/.env's passwords, made at random where the check makes docker/.env.
+PASSWORDS = ("POSTGRES_PASSWORD", "ACCEL_ADMIN_PASSWORD", "ACCEL_WORKER_PASSWORD")
 MIRROR = "http://deb.debian.org/debian"
 PG_BIN = "/usr/lib/postgresql/15/bin"  # bookworm's PostgreSQL
 # What each stand-in holds, and the image settings `docker import` gives it (what the official
@@ -91,7 +95,7 @@ class Check:
         self.args, self.work = args, work
         self.daemon: subprocess.Popen | None = None
         self.made_env = False
-        self.password = ""
+        self.passwords: list[str] = []
         self.rows: list[tuple[str, str]] = []
         self.failed: list[str] = []
         self.compose_cmd = compose_command()
@@ -108,7 +112,9 @@ class Check:
         return ok
 
     def redact(self, text: str) -> str:
-        return text.replace(self.password, "***") if self.password else text
+        for password in self.passwords:
+            text = text.replace(password, "***")
+        return text
 
     def run(self, argv: list[str], *, env: dict | None = None, timeout: float = 1800,
             check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
@@ -230,16 +236,20 @@ class Check:
     def dotenv(self) -> None:
         if not ENV_FILE.exists():
             text = (DOCKER / ".env.example").read_text()
-            text = text.replace("POSTGRES_PASSWORD=\n",
-                                f"POSTGRES_PASSWORD={secrets.token_urlsafe(18)}\n")
+            for name in PASSWORDS:
+                text = text.replace(f"{name}=\n", f"{name}={secrets.token_urlsafe(18)}\n")
             ENV_FILE.write_text(text)
             ENV_FILE.chmod(0o600)
             self.made_env = True
-            log("docker/.env made from .env.example with a random password (removed at the end)")
+            log("docker/.env made from .env.example with random passwords (removed at the end)")
         values = parse_dotenv(ENV_FILE.read_text())
-        self.password = values.get("POSTGRES_PASSWORD", "")
-        if not self.password:
-            raise RuntimeError("docker/.env has no POSTGRES_PASSWORD: set one")
+        self.passwords = [values.get(name, "") for name in PASSWORDS]
+        missing = [name for name in PASSWORDS if not values.get(name)]
+        if missing:
+            raise RuntimeError(f"docker/.env has no {', '.join(missing)}: set them")
+        # The host's checks read the server as its admin (MLflow's client: by environment).
+        os.environ["MLFLOW_TRACKING_USERNAME"] = values.get("ACCEL_ADMIN_USERNAME") or "admin"
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = values["ACCEL_ADMIN_PASSWORD"]
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True,
                 **env: str) -> subprocess.CompletedProcess:
@@ -261,6 +271,8 @@ class Check:
             time.sleep(1)
         seconds = time.perf_counter() - start
         self.expect(http_ok(f"{MLFLOW_URL}/health"), "MLflow server answers on 127.0.0.1:5000")
+        self.expect(http_code(f"{MLFLOW_URL}/api/2.0/mlflow/experiments/search?max_results=1")
+                    == 401, "MLflow server refuses a request without a login (401)")
         self.rows.append(("stack start-up (db + mlflow healthy)", f"{seconds:.0f} s"))
 
     def study(self, name: str, workers: int, trials: int, kill: bool = False) -> dict:
@@ -355,6 +367,17 @@ def health(ids: list[str]) -> str:
     proc = subprocess.run(["docker", "inspect", ids[0], "--format", "{{.State.Health.Status}}"],
                           capture_output=True, text=True)
     return proc.stdout.strip()
+
+
+def http_code(url: str) -> int | None:
+    """The HTTP status a request without a login gets (None: no answer)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
 
 
 def http_ok(url: str) -> bool:

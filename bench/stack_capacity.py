@@ -16,7 +16,8 @@ second. It stops early once a doubling of workers adds less than 10 % throughput
 
 Without --tracking-uri/--storage it starts the stack natively: databases on the PostgreSQL at
 127.0.0.1:5432 (trust auth; created and dropped here) and an `mlflow server` on them (the
-command of docker/compose.yaml's mlflow service), in its own process group, stopped at the end.
+command of docker/compose.yaml's mlflow service, without its login), in its own process group,
+stopped at the end.
 With them (e.g. the docker stack: --tracking-uri http://127.0.0.1:5000 and a published
 PostgreSQL), it uses that stack. A GPU worker logging one epoch every T seconds offers 1/T
 epochs per second: the server carries about (saturated epochs per second) * T such workers.

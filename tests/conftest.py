@@ -119,10 +119,13 @@ def postgres_databases():
     admin.autocommit = True
     made: list[str] = []
 
-    def new() -> str:
+    def new(create: bool = True) -> str:
+        """A fresh database's name; with create=False only the name (made by the code under
+        test), dropped all the same."""
         name = f"accel_test_{uuid.uuid4().hex[:10]}"
-        with admin.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {name}")
+        if create:
+            with admin.cursor() as cur:
+                cur.execute(f"CREATE DATABASE {name}")
         made.append(name)
         return name
 

@@ -1,7 +1,8 @@
 """The docker/ stack without docker: the compose files against the Compose specification's
 schema, and the services' own commands, read from docker/compose.yaml, run as native processes:
-`mlflow server` on a PostgreSQL backend and two `accel tune` nodes on one study (PostgreSQL
-storage), started together on a fresh database, then one of them killed mid-trial."""
+`mlflow server` with its login (basic-auth, users in PostgreSQL) on a PostgreSQL backend, the
+workers' account made, and two `accel tune` nodes on one study (PostgreSQL storage), started
+together on a fresh database, then one of them killed mid-trial."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -25,6 +27,8 @@ DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 BIN = Path(sys.executable).parent
 PASSWORD = "pl4nted-s3cret"  # trust auth accepts any password: it is here to be looked for
+# The MLflow server's login (docker/.env): planted too, and looked for in all the stack kept.
+ADMIN_PASSWORD, WORKER_PASSWORD = "adm1n-pl4nted-s3cret", "w0rker-pl4nted-s3cret"
 # A few-second trial: like tests/test_search.py's TINY (digits, test_resnet, CPU).
 TINY = {
     "data": {"dataset": "digits", "num_workers": 0, "val_fraction": 0.05},
@@ -52,12 +56,24 @@ def test_compose_files_follow_the_compose_specification(tmp_path):
 def test_compose_stack_reads_like_a_recipe():
     stack = yaml.safe_load(COMPOSE.read_text())
     services = stack["services"]
-    assert set(services) == {"db", "mlflow", "study", "worker", "dashboard"}
+    assert set(services) == {"db", "mlflow", "account", "study", "worker", "dashboard"}
     assert "pg_isready" in " ".join(services["db"]["healthcheck"]["test"])
     assert services["mlflow"]["depends_on"]["db"]["condition"] == "service_healthy"
     assert "/health" in " ".join(services["mlflow"]["healthcheck"]["test"])
+    assert services["mlflow"]["command"][:4] == ["python", "-m", "accel.tracking.auth", "serve"]
     assert {"--artifacts-destination", "--allowed-hosts"} <= set(services["mlflow"]["command"])
-    assert services["study"]["depends_on"]["mlflow"]["condition"] == "service_healthy"
+    assert services["account"]["depends_on"]["mlflow"]["condition"] == "service_healthy"
+    assert services["study"]["depends_on"]["account"]["condition"] == (
+        "service_completed_successfully")
+    # Each service holds only its own secrets: the admin's password reaches the server and the
+    # account job, never a worker; nothing reads the whole docker/.env (env_file).
+    assert not [name for name, spec in services.items() if "env_file" in spec]
+    for name in ("study", "worker", "dashboard"):
+        environment = services[name]["environment"]
+        assert environment["MLFLOW_TRACKING_PASSWORD"] == "${ACCEL_WORKER_PASSWORD}"
+        assert "ACCEL_ADMIN_PASSWORD" not in repr(environment), name
+    assert services["mlflow"]["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"] == (
+        "${ACCEL_ADMIN_PASSWORD}")
     assert services["study"]["command"][-2:] == ["--n-trials", "0"]  # creates, runs nothing
     assert services["worker"]["depends_on"]["study"]["condition"] == (
         "service_completed_successfully")
@@ -68,7 +84,8 @@ def test_compose_stack_reads_like_a_recipe():
     # Credentials come from docker/.env (ignored by git); no tracked file holds a password.
     example = dict(line.split("=", 1) for line in (DOCKER / ".env.example").read_text()
                    .splitlines() if "=" in line and not line.startswith("#"))
-    assert example["POSTGRES_PASSWORD"] == ""
+    assert example["POSTGRES_PASSWORD"] == example["ACCEL_ADMIN_PASSWORD"] == ""
+    assert example["ACCEL_WORKER_PASSWORD"] == ""
     assert "docker/.env" in (ROOT / ".gitignore").read_text().splitlines()
     dockerfile = (DOCKER / "Dockerfile").read_text()
     assert "ARG BASE_IMAGE=" in dockerfile and re.search(r"^USER (?!root)\w+", dockerfile, re.M)
@@ -105,11 +122,13 @@ class Stack:
     """docker/compose.yaml's services as native processes: same commands and environment, with
     the service names, ports and volumes of the stack replaced by local ones."""
 
-    def __init__(self, tmp: Path, mlflow_db: str, optuna_db: str, port: int, env: dict):
+    def __init__(self, tmp: Path, mlflow_db: str, optuna_db: str, auth_db: str, port: int,
+                 env: dict):
         self.services = yaml.safe_load(COMPOSE.read_text())["services"]
         self.env = env  # what docker/.env would hold
         self.port = port
-        self.replace = {
+        self.replace = {  # in this order: `.../mlflow` is a prefix of `.../mlflow_auth`
+            "@db:5432/mlflow_auth": f"@127.0.0.1:5432/{auth_db}",
             "@db:5432/mlflow": f"@127.0.0.1:5432/{mlflow_db}",
             "@db:5432/optuna": f"@127.0.0.1:5432/{optuna_db}",
             "http://mlflow:5000": f"http://127.0.0.1:{port}",
@@ -131,8 +150,12 @@ class Stack:
         argv = [self._local(a, dotenv) for a in spec["command"]]
         if argv[0] in ("accel", "mlflow"):
             argv = [sys.executable, "-m", argv[0], *argv[1:]]
+        elif argv[0] == "python":
+            argv[0] = sys.executable
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ACCEL_"))}
-        environ.update(dotenv)  # env_file: .env
+        if "env_file" in spec:
+            environ.update(dotenv)
+        environ.update(env)  # what the test adds to a service's environment
         environ.update({k: self._local(v, dotenv) for k, v in spec.get("environment", {}).items()})
         return argv, environ
 
@@ -192,13 +215,23 @@ def stack(tmp_path, postgres_databases):
     exp["name"] = "nodes"
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(exp, sort_keys=False))
     env = {"POSTGRES_USER": "postgres", "POSTGRES_PASSWORD": PASSWORD, "ACCEL_STUDY": "nodes",
-           "ACCEL_CONFIG": str(tmp_path / "nodes.yaml")}
-    s = Stack(tmp_path, postgres_databases(), postgres_databases(), free_port(), env)
+           "ACCEL_CONFIG": str(tmp_path / "nodes.yaml"), "ACCEL_ADMIN_PASSWORD": ADMIN_PASSWORD,
+           "ACCEL_WORKER_PASSWORD": WORKER_PASSWORD}
+    # The login's database is not made beforehand: the server makes it, as on an old volume.
+    s = Stack(tmp_path, postgres_databases(), postgres_databases(),
+              postgres_databases(create=False), free_port(), env)
     # The job runner of `mlflow server` (GenAI jobs) is not needed and would take a core.
     server = s.start("mlflow", tmp_path / "mlflow.log", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     s.url = f"http://127.0.0.1:{s.port}"
     try:
         wait_healthy(s.url, server)
+        argv, environ = s.command("account")
+        made = subprocess.run(argv, cwd=tmp_path, env=environ, capture_output=True, text=True,
+                              timeout=120)
+        assert made.returncode == 0, made.stderr[-2000:]
+        assert made.stdout.strip() == (f"account 'worker' on {s.url}: made, EDIT on every "
+                                       "experiment and registered model")
+        s.shown = [made.stdout, made.stderr]
         yield s
     finally:
         s.stop()
@@ -232,9 +265,18 @@ def finished(proc: subprocess.Popen, timeout: float = 600) -> int:
     return code
 
 
-def test_two_nodes_on_one_study_through_the_tracking_server(stack, tmp_path):
+def test_two_nodes_on_one_study_through_the_tracking_server(stack, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
+    # The server lets no one in without a login: not the REST API, not the artifacts.
+    for path in ("/api/2.0/mlflow/experiments/search?max_results=1",
+                 "/api/2.0/mlflow-artifacts/artifacts"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(stack.url + path, timeout=10)
+        assert refused.value.code == 401, path
+    # This test reads and checks as the admin (MLflow's client takes the login by environment).
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
     client = MlflowClient(stack.url)
     # A run id inherited from the environment must not redirect any of accel's runs.
     decoy = client.create_run(client.create_experiment("decoy")).info.run_id
@@ -274,14 +316,77 @@ def test_two_nodes_on_one_study_through_the_tracking_server(stack, tmp_path):
     rerun = run_accel(stack, *command.split()[2:], OMP_NUM_THREADS="1")
     assert rerun.returncode == 0, rerun.stderr[-2000:] + rerun.stdout
     assert "config from config.yaml" in rerun.stdout and "(exactly)" in rerun.stdout
+    stack.shown += [best.stdout, best.stderr, rerun.stdout, rerun.stderr]
 
+    _a_colleague_who_browses(stack, client, monkeypatch)
+    _a_wrong_password_is_one_line(stack)
     _kill_a_node_mid_trial(stack, client, tmp_path, node)
+    _the_passwords_are_kept_nowhere(stack, tmp_path)
+
+
+def _a_colleague_who_browses(stack: Stack, admin, monkeypatch) -> None:
+    """An account made --read-only lists the study's runs but cannot log to them."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    argv, environ = stack.command("account")
+    environ.update(MLFLOW_TRACKING_USERNAME="colleague", MLFLOW_TRACKING_PASSWORD="c0lleague-pw-x")
+    made = subprocess.run([*argv, "--read-only"], cwd=stack.cwd, env=environ,
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert made.stdout.strip().endswith("made, read-only")
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "colleague")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "c0lleague-pw-x")
+    colleague = MlflowClient(stack.url)
+    experiment = colleague.get_experiment_by_name("nodes").experiment_id
+    seen = colleague.search_runs([experiment], max_results=1000)
+    assert len(seen) == len(study_runs(admin)) > 0
+    for write in (lambda: colleague.log_metric(seen[0].info.run_id, "x", 1.0),
+                  lambda: colleague.create_run(experiment)):
+        with pytest.raises(MlflowException) as refused:
+            write()
+        assert refused.value.error_code == "PERMISSION_DENIED"
+    assert "x" not in admin.get_run(seen[0].info.run_id).data.metrics
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
+
+
+def _a_wrong_password_is_one_line(stack: Stack) -> None:
+    """A node with a wrong password (or none) stops at the probe: one line, exit 2, no retries."""
+    for password, says in (("not-the-w0rker-password", "refused the credentials of 'worker'"),
+                           ("", "asks for a login")):
+        started = time.time()
+        proc = run_accel(stack, "tune", stack.env["ACCEL_CONFIG"], "--study", "nodes",
+                         "--n-trials", "1", ACCEL_WORKER_PASSWORD=password, timeout=120)
+        took = time.time() - started
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0] and stack.url in lines[0], proc.stderr
+        assert took < 30, f"{took:.0f} s: interpreter start-up included, the probe waits <= 10 s"
+        stack.shown += [proc.stdout, proc.stderr]
+
+
+def _the_passwords_are_kept_nowhere(stack: Stack, tmp_path: Path) -> None:
+    """Neither the admin's nor the workers' password is in what the commands printed, in any
+    node's log, in MLflow's params, tags and artifacts, or in Optuna's attrs."""
+    from tests.test_secrets import everything_mlflow_holds, everything_optuna_holds
+
+    _, environ = stack.command("worker")
+    places = {
+        "output": stack.shown + [p.log.read_text() for p in stack.procs],  # the server's too
+        "MLflow": everything_mlflow_holds(stack.url, tmp_path / "held"),
+        "Optuna": everything_optuna_holds(environ["ACCEL_STORAGE"]),
+    }
+    assert len(places["MLflow"]) > 100  # the search really read them
+    for place, texts in places.items():
+        for secret in (ADMIN_PASSWORD, WORKER_PASSWORD):
+            assert not [t for t in texts if secret in t], f"a password leaked into {place}"
 
 
 def _kill_a_node_mid_trial(stack: Stack, client, tmp_path: Path, node: dict) -> None:
     """SIGKILL one of two nodes inside a trial: the survivor fails it (heartbeats) and runs it
     again with the same values; its MLflow run ends FAILED, as a dead worker's on every storage."""
-    c = stack.start("worker", tmp_path / "c.log", ACCEL_TRIALS="8", **node)
+    c = stack.start("worker", tmp_path / "c.log", ACCEL_TRIALS="5", **node)
     d = stack.start("worker", tmp_path / "d.log", ACCEL_TRIALS="3", **node)
     deadline = time.time() + 300
     while time.time() < deadline:

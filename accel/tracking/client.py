@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,8 @@ class Tracker:
             self.artifact_root: str | None = (db.parent.resolve() / "artifacts").as_uri()
         else:
             self.artifact_root = None  # a server or database decides where artifacts go
+        if self.uri.startswith(("http://", "https://")):
+            probe_server(self.uri)
         self.client = MlflowClient(tracking_uri=with_driver(self.uri))
 
     def experiment_id(self, name: str) -> str:
@@ -124,6 +128,81 @@ def check_supported(uri: str) -> None:
             "to file stores): use sqlite:///path.db, postgresql://..., or http(s)://host:port; "
             "`mlflow migrate-filestore` converts a file store"
         )
+
+
+PROBE_TIMEOUT_S = 10.0
+_answered: set[str] = set()  # servers that let this process in
+
+
+def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Fail fast, in one line: MLflow's own client retries a dead server for minutes, and a
+    server with a login answers a missing or wrong password only when a run is already made."""
+    if uri in _answered:
+        return
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlparse(uri)
+    bare = parts._replace(netloc=parts.netloc.rpartition("@")[2])  # /health needs no login
+    try:
+        urllib.request.urlopen(f"{bare.geturl().rstrip('/')}/health", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        pass  # the server answered, even if not with 200: it is reachable
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise ConfigError(f"cannot reach the MLflow server at {redact(uri)}: {reason}") from None
+    _check_login(uri, timeout_s)
+    _answered.add(uri)
+
+
+def _check_login(uri: str, timeout_s: float) -> None:
+    """One read through MLflow's own client code (its credentials: MLFLOW_TRACKING_USERNAME and
+    _PASSWORD, a token, a credentials file, TLS settings), not retried."""
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    creds = get_default_host_creds(uri)
+    try:
+        response = http_request(creds, "/api/2.0/mlflow/experiments/search", "GET",
+                                params={"max_results": 1}, max_retries=0, timeout=timeout_s,
+                                raise_on_status=False)
+    except Exception as e:  # a timeout, a TLS failure: the server is not usable from here
+        raise ConfigError(f"cannot read from the MLflow server at {redact(uri)}: "
+                          f"{redact(str(e).splitlines()[0] if str(e) else type(e).__name__)}"
+                          ) from None
+    if response.status_code == 401:
+        given = creds.token or (creds.username and creds.password)
+        raise ConfigError(login_refused(uri, creds.username if given else None))
+    if response.status_code == 403:
+        raise ConfigError(f"the MLflow server at {redact(uri)} lets {creds.username!r} in but "
+                          "not read its experiments: ask its admin for READ")
+
+
+def login_refused(uri: str, username: str | None) -> str:
+    """The line for a 401: no login given (username None), or one the server refused."""
+    if not username:
+        return (f"the MLflow server at {redact(uri)} asks for a login: set "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD in the environment")
+    return (f"the MLflow server at {redact(uri)} refused the credentials of {username!r} "
+            "(MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD): a wrong password or no such "
+            "account; its admin makes accounts (docs/scale-out.md)")
+
+
+def store_refusal(error: BaseException, uri: str) -> str | None:
+    """The line for an MLflow server's refusal met after the probe (a read-only account asked
+    to log), or None for any other error."""
+    code = getattr(error, "error_code", None)
+    if code == "UNAUTHENTICATED":
+        given = any(os.environ.get(f"MLFLOW_TRACKING_{v}") for v in ("PASSWORD", "TOKEN"))
+        return login_refused(uri, os.environ.get("MLFLOW_TRACKING_USERNAME") if given else None)
+    if code == "PERMISSION_DENIED":
+        user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "this account"
+        asked = re.search(r"endpoint (\S+)", str(error))
+        what = f" ({asked.group(1)})" if asked else ""
+        return (f"the MLflow server at {redact(uri)} does not let {user!r} write here{what}: "
+                "runs are logged by an account with EDIT; ask its admin (docs/scale-out.md)")
+    return None
 
 
 def _param_value(value: Any) -> str:

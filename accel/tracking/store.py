@@ -11,12 +11,11 @@ from urllib.request import url2pathname
 
 from accel.console import program
 from accel.errors import ConfigError, one_line
-from accel.tracking.client import Tracker, check_supported
+from accel.tracking.client import Tracker, check_supported, probe_server
 from accel.uris import DEFAULT_URI, redact, resolve_uri, sqlite_path
 
 SIBLING_SUFFIX = "-reproduced"
 UI_URL = "http://127.0.0.1:5000"  # where `accel ui` serves by default
-PROBE_TIMEOUT_S = 10.0
 
 
 def check_reachable(uri: str) -> None:
@@ -24,7 +23,7 @@ def check_reachable(uri: str) -> None:
     one redacted line (before a study or a run is made)."""
     check_supported(uri)
     if uri.startswith(("http://", "https://")):
-        _probe_server(uri)
+        probe_server(uri)
 
 
 def open_store(uri: str | None) -> Tracker:
@@ -39,22 +38,6 @@ def open_store(uri: str | None) -> Tracker:
         )
     check_reachable(uri)
     return Tracker(uri)
-
-
-def _probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Fail fast: MLflow's own client retries a dead server for minutes before giving up."""
-    import urllib.error
-    import urllib.request
-
-    parts = urlparse(uri)
-    bare = parts._replace(netloc=parts.netloc.rpartition("@")[2])  # /health needs no login
-    try:
-        urllib.request.urlopen(f"{bare.geturl().rstrip('/')}/health", timeout=timeout_s).close()
-    except urllib.error.HTTPError:
-        pass  # the server answered, even if not with 200: it is reachable
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise ConfigError(f"cannot reach the MLflow server at {redact(uri)}: {reason}") from None
 
 
 def fetch_run(tracker: Tracker, run_id: str):
