@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, cli_main
 
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
@@ -92,6 +92,25 @@ def test_compose_stack_reads_like_a_recipe():
     assert 'pip install ".' in dockerfile and "-e " not in dockerfile
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {"mlruns", ".venv", "data"} <= set(ignored)
+
+
+def test_the_login_settings_hold_any_password_and_stay_private(tmp_path, monkeypatch):
+    """The basic-auth app reads its user database from an ini, where `%` is special: what MLflow
+    reads back is the URL as given, from a file only its owner may read."""
+    from mlflow.server.auth.config import read_auth_config
+
+    from accel.tracking.auth import auth_settings
+
+    url = "postgresql+psycopg2://accel:p%40ss%word@db:5432/mlflow_auth"
+    path = Path(auth_settings(url, "boss"))
+    monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(path))
+    monkeypatch.delenv("MLFLOW_AUTH_ADMIN_USERNAME", raising=False)
+    settings = read_auth_config()
+    assert settings.database_uri == url
+    assert (settings.admin_username, settings.default_permission) == ("boss", "READ")
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    path.unlink()
+    path.parent.rmdir()
 
 
 def test_nodes_starting_together_on_a_fresh_database_all_open_the_storage(postgres_url):
@@ -347,6 +366,14 @@ def _a_colleague_who_browses(stack: Stack, admin, monkeypatch) -> None:
             write()
         assert refused.value.error_code == "PERMISSION_DENIED"
     assert "x" not in admin.get_run(seen[0].info.run_id).data.metrics
+    # Through accel: one line, exit 2, naming the account and what it was refused.
+    code, _, err = cli_main("train", stack.env["ACCEL_CONFIG"], "--tracking-uri", stack.url)
+    assert code == 2, err[-2000:]
+    assert err.strip().splitlines() == [
+        f"accel: error: the MLflow server at {stack.url} does not let 'colleague' write here "
+        "(/api/2.0/mlflow/runs/create): runs are logged by an account with EDIT; ask its admin "
+        "(docs/scale-out.md)"]
+    assert len(study_runs(admin)) == len(seen)
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
 

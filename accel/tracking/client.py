@@ -131,13 +131,15 @@ def check_supported(uri: str) -> None:
 
 
 PROBE_TIMEOUT_S = 10.0
-_answered: set[str] = set()  # servers that let this process in
+_answered: set[tuple] = set()  # (server, login) pairs that let this process in
 
 
 def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Fail fast, in one line: MLflow's own client retries a dead server for minutes, and a
     server with a login answers a missing or wrong password only when a run is already made."""
-    if uri in _answered:
+    login = (uri, os.environ.get("MLFLOW_TRACKING_USERNAME"),
+             os.environ.get("MLFLOW_TRACKING_PASSWORD"), os.environ.get("MLFLOW_TRACKING_TOKEN"))
+    if login in _answered:
         return
     import urllib.error
     import urllib.parse
@@ -153,7 +155,7 @@ def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         reason = getattr(e, "reason", e)
         raise ConfigError(f"cannot reach the MLflow server at {redact(uri)}: {reason}") from None
     _check_login(uri, timeout_s)
-    _answered.add(uri)
+    _answered.add(login)
 
 
 def _check_login(uri: str, timeout_s: float) -> None:
