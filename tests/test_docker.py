@@ -83,7 +83,7 @@ def test_dockerfile_takes_an_extra_ca_for_the_build():
     assert text.index("ARG EXTRA_CA_CERT") > text.index("FROM ${BASE_IMAGE}")
     install = text[text.index("ARG EXTRA_CA_CERT"):]
     assert "PIP_CERT=/etc/ssl/certs/ca-certificates.crt" in install
-    assert install.index("PIP_CERT") < install.index('pip install ".[dashboard]"')
+    assert install.index("PIP_CERT") < install.index('pip install ".[dashboard,auth]"')
 
 
 def test_extra_ca_comes_from_a_file_or_the_hosts_local_certificates(tmp_path):
