@@ -35,6 +35,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,8 @@ class Check:
         self.daemon: subprocess.Popen | None = None
         self.made_env = False
         self.passwords: list[str] = []
+        # The stack publishes PostgreSQL on this host; 5432 is often the host's own PostgreSQL.
+        self.db_port = str(free_port())
         self.rows: list[tuple[str, str]] = []
         self.failed: list[str] = []
         self.compose_cmd = compose_command()
@@ -254,7 +257,7 @@ class Check:
     def compose(self, *args: str, timeout: float = 900, check: bool = True,
                 **env: str) -> subprocess.CompletedProcess:
         environ = {**os.environ, "BASE_IMAGE": PYTHON_BASE, "ACCEL_IMAGE_TAG": "cpu",
-                   "COMPOSE_PROJECT_NAME": PROJECT, **env}
+                   "COMPOSE_PROJECT_NAME": PROJECT, "ACCEL_DB_PORT": self.db_port, **env}
         environ.pop("EXTRA_CA_CERT", None)
         argv = [*self.compose_cmd, "-p", PROJECT, "-f", str(COMPOSE), "-f", str(self.override),
                 *args]
@@ -367,6 +370,12 @@ def health(ids: list[str]) -> str:
     proc = subprocess.run(["docker", "inspect", ids[0], "--format", "{{.State.Health.Status}}"],
                           capture_output=True, text=True)
     return proc.stdout.strip()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def http_code(url: str) -> int | None:

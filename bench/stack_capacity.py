@@ -154,12 +154,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class NativeStack:
-    """Two fresh PostgreSQL databases and an `mlflow server` on them, removed on exit."""
+ADMIN_PASSWORD = "bench-admin-passw0rd"  # a throwaway server's login (bench/auth_overhead.py)
 
-    def __init__(self, pg: str):
+
+class NativeStack:
+    """Two fresh PostgreSQL databases and an `mlflow server` on them, removed on exit. With
+    `login_ttl_s` (not None) the server is docker/compose.yaml's, with its login (a third
+    database holds the users; a password check is trusted that many seconds)."""
+
+    def __init__(self, pg: str, login_ttl_s: int | None = None):
         self.pg, self.suffix = pg, uuid.uuid4().hex[:8]
         self.dbs = [f"capacity_mlflow_{self.suffix}", f"capacity_optuna_{self.suffix}"]
+        self.login_ttl_s = login_ttl_s
+        if login_ttl_s is not None:
+            self.dbs.append(f"capacity_auth_{self.suffix}")
         self.tmp = Path(tempfile.mkdtemp(prefix="stack-capacity-"))
         self.server: subprocess.Popen | None = None
 
@@ -188,9 +196,15 @@ class NativeStack:
         backend = f"{self.pg}/{self.dbs[0]}".replace("postgresql://", "postgresql+psycopg2://")
         env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": backend,
                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        server = [sys.executable, "-m", "mlflow", "server"]
+        if self.login_ttl_s is not None:
+            server = [sys.executable, "-m", "accel.tracking.auth", "serve"]
+            env.update(ACCEL_AUTH_DATABASE_URI=f"{self.pg}/{self.dbs[2]}",
+                       MLFLOW_AUTH_ADMIN_PASSWORD=ADMIN_PASSWORD,
+                       ACCEL_AUTH_CACHE_TTL_S=str(self.login_ttl_s))
         log = (self.tmp / "mlflow.log").open("w")
         self.server = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            [*server, "--host", "127.0.0.1", "--port", str(port),
              "--artifacts-destination", str(self.tmp / "artifacts"), "--allowed-hosts",
              "localhost,localhost:*,127.0.0.1,127.0.0.1:*"],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -4,7 +4,8 @@
     python -m accel.tracking.auth account [--read-only]           # an account on it
 
 `serve` writes the login's settings (users in the database ACCEL_AUTH_DATABASE_URI, every
-logged-in user may read, nobody anonymous may) to a private file and becomes
+logged-in user may read, nobody anonymous may, a password check trusted for
+ACCEL_AUTH_CACHE_TTL_S, default 60 s) to a private file and becomes
 `mlflow server --app-name basic-auth ...`. The admin is MLFLOW_AUTH_ADMIN_USERNAME (default
 `admin`) with MLFLOW_AUTH_ADMIN_PASSWORD, made on the first start.
 
@@ -32,9 +33,14 @@ DEFAULT_ADMIN = "admin"
 # made by `account` without --read-only is granted EDIT on every experiment and model).
 DEFAULT_PERMISSION = "READ"
 RESOURCES = ("experiment", "registered_model")
+# MLflow checks the password of every request (PBKDF2: about 0.2 s of server CPU on a 2-core
+# EPYC, 20x the request itself, bench/auth_overhead.py); a check that passed is trusted this
+# long. A password changed or an account deleted through another server worker is then still
+# accepted by this one for at most this long.
+AUTH_CACHE_TTL_S = 60
 
 
-def auth_settings(database_uri: str, admin: str) -> str:
+def auth_settings(database_uri: str, admin: str, cache_ttl_s: int = AUTH_CACHE_TTL_S) -> str:
     """The basic-auth app's ini (its only way to take the user database). `%` is the ini's
     interpolation character: a password holding one is written doubled."""
     ini = configparser.ConfigParser(interpolation=None)
@@ -43,6 +49,7 @@ def auth_settings(database_uri: str, admin: str) -> str:
         "database_uri": with_driver(database_uri).replace("%", "%%"),
         "admin_username": admin,
         "authorization_function": "mlflow.server.auth:authenticate_request_basic_auth",
+        "auth_cache_ttl_seconds": str(cache_ttl_s),
     }
     folder = Path(tempfile.mkdtemp(prefix="accel-auth-"))  # 0700: the database password
     path = folder / "basic_auth.ini"
@@ -85,7 +92,11 @@ def serve(server_args: list[str]) -> None:
                           "makes its admin with it (12 characters or more)")
     admin = os.environ.setdefault("MLFLOW_AUTH_ADMIN_USERNAME", DEFAULT_ADMIN)
     ensure_database(database)
-    os.environ["MLFLOW_AUTH_CONFIG_PATH"] = auth_settings(database, admin)
+    ttl = os.environ.get("ACCEL_AUTH_CACHE_TTL_S", str(AUTH_CACHE_TTL_S))
+    if not ttl.isdigit():
+        raise ConfigError(f"ACCEL_AUTH_CACHE_TTL_S={ttl!r}: seconds, 0 or more (0: every "
+                          "request's password is checked)")
+    os.environ["MLFLOW_AUTH_CONFIG_PATH"] = auth_settings(database, admin, int(ttl))
     # Signs the UI's sessions; one per start is enough for a login by password.
     os.environ.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", secrets.token_hex(32))
     argv = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", *server_args]
