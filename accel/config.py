@@ -23,7 +23,7 @@ DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
 AMP_MODES = ("off", "auto", "bf16", "fp16")
 OPTIMIZERS = ("adam", "adamw", "sgd", "nesterov")
 SCHEDULERS = ("cosine", "linear", "constant")
-TTA_MODES = ("none", "flip")
+TTA_MODES = ("none", "flip", "multicrop")
 DEVICES = ("auto", "cpu", "cuda")
 METRICS = ("val_accuracy", "val_loss", "val_f1")  # what the evaluator reports after every epoch
 # A run's costs, for multi-objective studies: total training seconds (evaluation excluded),
@@ -57,6 +57,9 @@ class ModelConfig:
     name: str = "resnet10t"  # any timm model name
     pretrained: bool = False
     img_size: int | None = None  # input side in pixels; None = the dataset's own
+    # airbench's partial identity init: each ungrouped odd-kernel convolution starts as the
+    # identity on its first min(in, out) channels (the rest keep the model's own init)
+    dirac_init: bool = False
 
 
 @dataclass
@@ -91,7 +94,8 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     # test-time augmentation of every evaluation (val and test): flip = the mean of the logits of
-    # each image and its mirror image
+    # each image and its mirror image; multicrop = airbench's: 1/2 of the flip mean of the image,
+    # 1/4 each of the flip means of the image moved 1 px up-left and 1 px down-right
     tta: str = "none"
 
 

@@ -273,6 +273,25 @@ def create_trainer(step: UpdateStep) -> Engine:
     return trainer
 
 
+def tta_logits(model: Callable, x: torch.Tensor, tta: str) -> torch.Tensor:
+    """The logits an evaluation scores (fp32). `none`: the model's; `flip`: the mean of the
+    image's and its mirror image's; `multicrop` (airbench): 1/2 the flip mean of the image, 1/4
+    each the flip means of the image moved by 1 px up-left and down-right (reflect-padded by 1,
+    then cropped back to its size)."""
+    if tta == "none":
+        return model(x).float()
+
+    def mirrored(v: torch.Tensor) -> torch.Tensor:
+        return (model(v).float() + model(v.flip(-1)).float()) / 2
+
+    if tta == "flip":
+        return mirrored(x)
+    h, w = x.shape[-2:]
+    padded = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect")
+    moved = (mirrored(padded[..., :h, :w]) + mirrored(padded[..., 2:, 2:])) / 2
+    return (mirrored(x) + moved) / 2
+
+
 def create_evaluator(
     model: torch.nn.Module,
     num_classes: int,
@@ -283,8 +302,8 @@ def create_evaluator(
     non_blocking: bool = False,
     tta: str = "none",
 ) -> Engine:
-    """Accuracy, macro F1, cross-entropy loss and the confusion matrix over a loader. `tta="flip"`
-    scores each image by the mean of its logits and its mirror image's."""
+    """Accuracy, macro F1, cross-entropy loss and the confusion matrix over a loader. `tta`:
+    see `tta_logits`."""
     from ignite.metrics import Accuracy, ConfusionMatrix, Fbeta, Loss
 
     @torch.inference_mode()
@@ -292,9 +311,7 @@ def create_evaluator(
         model.eval()
         x, y = move_batch(batch, device, non_blocking, channels_last)
         with autocast(device, amp_dtype):
-            logits = model(x).float()
-            if tta == "flip":
-                logits = (logits + model(x.flip(-1)).float()) / 2
+            logits = tta_logits(model, x, tta)
         return logits, y
 
     evaluator = Engine(eval_step)

@@ -30,9 +30,28 @@ def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> 
     kwargs = dict(num_classes=num_classes, in_chans=in_chans)
     try:
         # ViT-family models build their patch grid from img_size; CNNs do not take it.
-        return _create(cfg, img_size=img_size, **kwargs)
+        model = _create(cfg, img_size=img_size, **kwargs)
     except TypeError:
-        return _create(cfg, **kwargs)
+        model = _create(cfg, **kwargs)
+    if cfg.model.dirac_init:
+        dirac_init(model)
+    return model
+
+
+def dirac_init(model: torch.nn.Module) -> int:
+    """airbench's partial Dirac init: each ungrouped convolution with an odd square kernel
+    passes its first min(in, out) input channels straight through at the start (so a deep
+    stack begins near the identity and trains faster); its other output channels keep their
+    init. Returns how many convolutions it set."""
+    done = 0
+    for conv in model.modules():
+        k = getattr(conv, "kernel_size", None)
+        if (isinstance(conv, torch.nn.Conv2d) and conv.groups == 1 and k[0] == k[1]
+                and k[0] % 2 == 1):
+            with torch.no_grad():
+                torch.nn.init.dirac_(conv.weight[: min(conv.in_channels, conv.out_channels)])
+            done += 1
+    return done
 
 
 def _create(cfg: Config, **kwargs) -> torch.nn.Module:

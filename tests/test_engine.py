@@ -171,6 +171,34 @@ def test_flip_tta_scores_the_mean_of_the_image_and_its_mirror_logits():
     assert flip["loss"] != pytest.approx(plain["loss"])
 
 
+def test_multicrop_tta_weighs_six_views_as_airbench_does():
+    """1/4 each for the image and its mirror, 1/8 each for the image moved 1 px up-left and
+    1 px down-right (reflect padding) and their mirrors; the views are made here by indexing,
+    not by the padding the code uses."""
+    torch.manual_seed(0)
+    side = 5
+    model = nn.Sequential(nn.Flatten(), nn.Linear(2 * side * side, 3))  # sees every pixel
+    x, y = torch.randn(8, 2, side, side), torch.randint(0, 3, (8,))
+    up_left = [1, *range(side - 1)]  # row/column i of the moved image is i-1; -1 reflects to 1
+    down_right = [*range(1, side), side - 2]
+    views = {
+        "image": (x, 1 / 4),
+        "moved up-left": (x[:, :, up_left][:, :, :, up_left], 1 / 8),
+        "moved down-right": (x[:, :, down_right][:, :, :, down_right], 1 / 8),
+    }
+    with torch.no_grad():
+        expected = sum(w * (model(v) + model(v.flip(-1))) for v, w in views.values())
+        assert torch.allclose(E.tta_logits(model, x, "multicrop"), expected, atol=1e-6)
+        assert torch.allclose(E.tta_logits(model, x, "flip"), (model(x) + model(x.flip(-1))) / 2)
+        assert torch.equal(E.tta_logits(model, x, "none"), model(x))
+        shifted = sum(w * (model(v) + model(v.flip(-1))) for name, (v, w) in views.items()
+                      if name != "image")
+        assert not torch.allclose(shifted, views["image"][1] * 2 * model(x))  # views differ
+    scored = E.create_evaluator(model, 3, torch.device("cpu"), tta="multicrop").run([(x, y)])
+    assert scored.metrics["loss"] == pytest.approx(
+        nn.functional.cross_entropy(expected, y).item(), rel=1e-6)
+
+
 def test_fp16_order_unscale_clip_step_update_zero_grad_schedule(monkeypatch):
     """unscale_ once per update, before the clip; the clip sees unscaled gradients."""
     model = mlp()

@@ -23,10 +23,11 @@ from tests.conftest import ROOT, TINY_OVERRIDES, run_cli
 COMPARED = ("val_accuracy", "val_f1", "val_loss", "train_loss")
 
 
-def _train_into(directory: Path, experiment: str | None = None) -> SimpleNamespace:
+def _train_into(directory: Path, experiment: str | None = None,
+                extra: tuple[str, ...] = ()) -> SimpleNamespace:
     from accel.train import train
 
-    cfg = config.load(None, list(TINY_OVERRIDES))
+    cfg = config.load(None, [*TINY_OVERRIDES, *extra])
     cfg.tracking.uri = f"sqlite:///{directory / 'mlflow.db'}"
     cfg.tracking.experiment = experiment
     result = train(cfg)
@@ -103,6 +104,23 @@ def test_reproduce_is_exact_and_tagged(original, capsys):
     for name in COMPARED:  # bitwise: same CPU stack, same seeds
         assert rerun.data.metrics[name] == logged.data.metrics[name], name
     assert rerun.data.params == logged.data.params  # the whole config came back
+
+
+def test_a_run_with_the_fast_recipes_ingredients_reproduces_exactly(original, tmp_path, capsys):
+    """Dirac init and multi-crop TTA (experiments/cifar10_fast.yaml's ingredients) come back
+    from the logged config: the rerun's metrics are bitwise the run's."""
+    store = _initialised_store(original, tmp_path / "store")
+    run = _train_into(store, experiment="ingredients",
+                      extra=("model.name=accel_cnn_s", "model.dirac_init=true",
+                             "eval.tta=multicrop"))
+    logged = _client(run.uri).get_run(run.run_id)
+    assert logged.data.params["model.dirac_init"] == "True"
+    assert logged.data.params["eval.tta"] == "multicrop"
+    assert cli.main(["reproduce", run.run_id, "--tracking-uri", run.uri]) == 0
+    assert "(exactly)" in capsys.readouterr().out
+    [rerun] = _reruns_of(run.uri, run.run_id)
+    for name in COMPARED:
+        assert rerun.data.metrics[name] == logged.data.metrics[name], name
 
 
 def test_downloaded_config_yaml_reruns_exactly(original, tmp_path, capsys):

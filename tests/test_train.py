@@ -521,3 +521,32 @@ def test_a_dataset_another_process_inserted_first_is_logged_on_the_second_try():
     with pytest.raises(RuntimeError, match="disk I/O"):
         log_splits(other, "run", [record])
     assert other.calls == 1
+
+
+@pytest.mark.parametrize("name", ["accel_cnn_s", "test_resnet"])
+def test_dirac_init_makes_each_convolution_pass_its_first_channels_through(name):
+    """model.dirac_init: every ungrouped odd-kernel convolution maps its first min(in, out)
+    input channels to the same output channels unchanged; the other outputs keep the model's
+    own init. Without it, no convolution does."""
+    from accel.models import build_model
+
+    def convs(dirac: bool) -> list[torch.nn.Conv2d]:
+        cfg = config.load(None, [f"model.name={name}", f"model.dirac_init={dirac}"])
+        torch.manual_seed(0)
+        model = build_model(cfg, num_classes=10, in_chans=3, img_size=16)
+        return [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)
+                and m.groups == 1 and m.kernel_size[0] % 2 == 1]
+
+    with torch.no_grad():
+        for dirac, want in ((True, True), (False, False)):
+            found = convs(dirac)
+            assert found
+            for conv in found:
+                x = torch.randn(2, conv.in_channels, 9, 9)
+                out = conv(x) - (conv.bias.view(1, -1, 1, 1) if conv.bias is not None else 0)
+                n = min(conv.in_channels, conv.out_channels)
+                s = conv.stride[0]
+                same = torch.allclose(out[:, :n], x[:, :n, ::s, ::s], atol=1e-6)
+                assert same == want, (conv, dirac)
+                if dirac and conv.out_channels > n:  # the rest keep their init
+                    assert conv.weight[n:].abs().sum() > 0
