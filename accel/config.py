@@ -60,6 +60,9 @@ class ModelConfig:
     # airbench's partial identity init: each ungrouped odd-kernel convolution starts as the
     # identity on its first min(in, out) channels (the rest keep the model's own init)
     dirac_init: bool = False
+    # every BatchNorm layer's momentum in PyTorch's sense (the weight of the new batch in the
+    # running statistics: airbench's 0.6 "momentum" is 0.4 here); None = the model's own
+    bn_momentum: float | None = None
 
 
 @dataclass
@@ -76,6 +79,10 @@ class TrainConfig:
     scheduler: str = "cosine"
     warmup_epochs: float = 0.0
     label_smoothing: float = 0.0
+    # BatchNorm (airbench): the biases' learning rate is train.lr times this (no weight decay,
+    # as for every norm and bias); frozen weights stay 1 (the scale is left to the next conv)
+    bn_bias_lr_scale: float = 1.0
+    bn_weight_frozen: bool = False
     seed: int = 0
     device: str = "auto"
     channels_last: bool = False
@@ -359,6 +366,11 @@ def validate(cfg: Config) -> None:
     _require("train.warmup_epochs", t.warmup_epochs, t.warmup_epochs >= 0, "must be >= 0")
     _require("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1,
              "must be in [0, 1)")
+    _require("train.bn_bias_lr_scale", t.bn_bias_lr_scale, t.bn_bias_lr_scale > 0,
+             "must be > 0")
+    _require("model.bn_momentum", cfg.model.bn_momentum,
+             cfg.model.bn_momentum is None or 0 < cfg.model.bn_momentum <= 1,
+             "must be in (0, 1] or null (the model's own)")
     _require("train.epoch_length", t.epoch_length, t.epoch_length is None or t.epoch_length >= 1,
              "must be >= 1 or null")
     for key, value, choices in (

@@ -48,13 +48,33 @@ def resolve_amp(mode: str, device: torch.device) -> torch.dtype | None:
 
 
 def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
-    """timm's factory: no weight decay on norm layers and biases (filter_bias_and_bn)."""
+    """timm's factory: no weight decay on norm layers and biases (filter_bias_and_bn); with
+    `train.bn_bias_lr_scale`, the BatchNorm biases in a group of their own at that multiple of
+    the learning rate (the schedule scales every group alike). Frozen parameters are left out."""
     from timm.optim import create_optimizer_v2
 
     kwargs = {"momentum": t.momentum} if t.optimizer in ("sgd", "nesterov") else {}
+    params = model if t.bn_bias_lr_scale == 1 else _param_groups(model, t)
     return create_optimizer_v2(
-        model, opt=OPTIMIZER_NAMES[t.optimizer], lr=t.lr, weight_decay=t.weight_decay, **kwargs
+        params, opt=OPTIMIZER_NAMES[t.optimizer], lr=t.lr, weight_decay=t.weight_decay, **kwargs
     )
+
+
+def _param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:
+    """timm's two groups (decay: weights of two or more dimensions; no decay: norms, biases and
+    other vectors), with the BatchNorm biases moved to a third at lr x bn_bias_lr_scale."""
+    from timm.optim import param_groups_weight_decay
+
+    norms = (torch.nn.modules.batchnorm._BatchNorm,)
+    bn_biases = {id(m.bias) for m in model.modules() if isinstance(m, norms)
+                 and m.bias is not None and m.bias.requires_grad}
+    groups = []
+    for group in param_groups_weight_decay(model, t.weight_decay):
+        rest = [p for p in group["params"] if id(p) not in bn_biases]
+        groups.append({**group, "params": rest})
+    bn = [p for p in model.parameters() if id(p) in bn_biases]
+    groups.append({"params": bn, "weight_decay": 0.0, "lr": t.lr * t.bn_bias_lr_scale})
+    return [g for g in groups if g["params"]]
 
 
 def lr_multiplier(update: int, *, total: int, warmup: int, kind: str) -> float:

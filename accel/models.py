@@ -35,7 +35,16 @@ def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> 
         model = _create(cfg, **kwargs)
     if cfg.model.dirac_init:
         dirac_init(model)
+    for norm in batch_norms(model):
+        if cfg.model.bn_momentum is not None:
+            norm.momentum = cfg.model.bn_momentum
+        if cfg.train.bn_weight_frozen and norm.weight is not None:
+            norm.weight.requires_grad_(False)  # stays at its init (1): no optimizer sees it
     return model
+
+
+def batch_norms(model: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
 
 
 def dirac_init(model: torch.nn.Module) -> int:

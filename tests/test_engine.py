@@ -380,3 +380,39 @@ def test_nan_handler_is_made_once_per_process():
     assert E._terminate_on_nan() is nan
     assert kinds.count(logging.NullHandler) == 1 and logging.StreamHandler not in kinds
     assert first is not second
+
+
+def test_the_batchnorm_bias_multiplier_reaches_the_optimizer_and_the_update():
+    """train.bn_bias_lr_scale: the BatchNorm biases, and only they, step at lr x scale, with no
+    weight decay; the schedule keeps the ratio; every other parameter steps as before."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.Flatten(),
+                          nn.Linear(4 * 2 * 2, 3))
+    bn = model[1]
+    t = TrainConfig(optimizer="sgd", momentum=0.0, lr=0.1, weight_decay=0.05,
+                    bn_bias_lr_scale=64.0)
+    optimizer = E.build_optimizer(model, t)
+    [bn_group] = [g for g in optimizer.param_groups if any(p is bn.bias for p in g["params"])]
+    assert bn_group["params"] == [bn.bias]
+    assert bn_group["lr"] == pytest.approx(6.4) and bn_group["weight_decay"] == 0.0
+    others = [p for g in optimizer.param_groups if g is not bn_group for p in g["params"]]
+    assert sorted(map(id, others + [bn.bias])) == sorted(map(id, model.parameters()))
+    assert {g["lr"] for g in optimizer.param_groups if g is not bn_group} == {0.1}
+
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    model(torch.randn(4, 2, 4, 4)).square().mean().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    optimizer.step()
+    after = dict(model.named_parameters())
+    assert torch.allclose(after["1.bias"], before["1.bias"] - 6.4 * grads["1.bias"])
+    assert torch.allclose(after["1.weight"], before["1.weight"] - 0.1 * grads["1.weight"])
+    decayed = before["0.weight"] - 0.1 * (grads["0.weight"] + 0.05 * before["0.weight"])
+    assert torch.allclose(after["0.weight"], decayed)
+
+    scheduler = E.build_scheduler(optimizer, TrainConfig(epochs=2, scheduler="linear"), 4)
+    for _ in range(3):
+        optimizer.step()
+        scheduler.step()
+    assert bn_group["lr"] / optimizer.param_groups[0]["lr"] == pytest.approx(64.0)
+    plain = E.build_optimizer(model, TrainConfig(optimizer="sgd", lr=0.1))
+    assert {g["lr"] for g in plain.param_groups} == {0.1}

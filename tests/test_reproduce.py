@@ -107,15 +107,17 @@ def test_reproduce_is_exact_and_tagged(original, capsys):
 
 
 def test_a_run_with_the_fast_recipes_ingredients_reproduces_exactly(original, tmp_path, capsys):
-    """Dirac init and multi-crop TTA (experiments/cifar10_fast.yaml's ingredients) come back
+    """Dirac init, multi-crop TTA and the BatchNorm settings (airbench's ingredients) come back
     from the logged config: the rerun's metrics are bitwise the run's."""
     store = _initialised_store(original, tmp_path / "store")
     run = _train_into(store, experiment="ingredients",
                       extra=("model.name=accel_cnn_s", "model.dirac_init=true",
-                             "eval.tta=multicrop"))
+                             "eval.tta=multicrop", "model.bn_momentum=0.4",
+                             "train.bn_bias_lr_scale=64", "train.bn_weight_frozen=true"))
     logged = _client(run.uri).get_run(run.run_id)
     assert logged.data.params["model.dirac_init"] == "True"
     assert logged.data.params["eval.tta"] == "multicrop"
+    assert logged.data.params["train.bn_bias_lr_scale"] == "64.0"
     assert cli.main(["reproduce", run.run_id, "--tracking-uri", run.uri]) == 0
     assert "(exactly)" in capsys.readouterr().out
     [rerun] = _reruns_of(run.uri, run.run_id)

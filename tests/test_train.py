@@ -550,3 +550,30 @@ def test_dirac_init_makes_each_convolution_pass_its_first_channels_through(name)
                 assert same == want, (conv, dirac)
                 if dirac and conv.out_channels > n:  # the rest keep their init
                     assert conv.weight[n:].abs().sum() > 0
+
+
+def test_frozen_batchnorm_weights_and_their_momentum_are_what_training_sees():
+    """train.bn_weight_frozen: no optimizer holds a BatchNorm weight and a training step leaves
+    them at 1; model.bn_momentum: every BatchNorm layer's running statistics move by it."""
+    from accel.train.parts import build
+
+    cfg = config.load(None, ["data.dataset=digits", "model.name=accel_cnn_s",
+                             "model.img_size=8", "train.device=cpu", "data.num_workers=0",
+                             "train.bn_weight_frozen=true", "model.bn_momentum=0.4",
+                             "train.bn_bias_lr_scale=64"])
+    parts = build(cfg)
+    norms = [m for m in parts.bare.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and {m.momentum for m in norms} == {0.4}
+    held = {id(p) for g in parts.step.optimizer.param_groups for p in g["params"]}
+    assert not held & {id(m.weight) for m in norms}
+    assert {id(m.bias) for m in norms} <= held
+    x, y = next(iter(parts.data.train))
+    mean = norms[0].running_mean.clone()
+    with torch.no_grad():  # what the stem's first BatchNorm sees of this batch
+        batch = parts.bare.stem[0](x.float()).mean(dim=(0, 2, 3))
+    parts.trainer.run([(x, y)], max_epochs=1, epoch_length=1)
+    assert all(torch.equal(m.weight, torch.ones_like(m.weight)) for m in norms)
+    assert not torch.equal(norms[0].running_mean, mean)
+    # its running mean moved by 0.4 of the batch mean torch.allclose(norms[0].running_mean, 0.6 * mean + 0.4 * batch, atol=1e-5)
+    assert any(not torch.equal(m.bias, torch.zeros_like(m.bias)) for m in norms)
+    parts.data.close()
