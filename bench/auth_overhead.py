@@ -6,9 +6,9 @@ login, with one that checks every request's password, and with one that trusts a
 
 Each configuration is a fresh native stack (bench/stack_capacity.py's NativeStack: PostgreSQL at
 127.0.0.1:5432, trust auth, databases made and dropped here; the server's default 4 workers,
-each with its own cache of checked passwords). Per round and configuration: --calls `log_metric` calls and --calls
-`log_batch` calls of 8 metrics (an epoch's log) through MLflow's client, as the admin where there
-is a login; the median latency of each. Rounds alternate the configurations.
+each with its own cache of checked passwords). Per round and configuration: --calls `log_metric`
+calls and --calls `log_batch` calls of 8 metrics (an epoch's log) through MLflow's client, as
+the admin where there is a login; the median latency of each. Rounds alternate the configurations.
 """
 
 from __future__ import annotations

@@ -574,6 +574,7 @@ def test_frozen_batchnorm_weights_and_their_momentum_are_what_training_sees():
     parts.trainer.run([(x, y)], max_epochs=1, epoch_length=1)
     assert all(torch.equal(m.weight, torch.ones_like(m.weight)) for m in norms)
     assert not torch.equal(norms[0].running_mean, mean)
-    # its running mean moved by 0.4 of the batch mean torch.allclose(norms[0].running_mean, 0.6 * mean + 0.4 * batch, atol=1e-5)
+    # its running mean moved by 0.4 of the batch mean
+    assert torch.allclose(norms[0].running_mean, 0.6 * mean + 0.4 * batch, atol=1e-5)
     assert any(not torch.equal(m.bias, torch.zeros_like(m.bias)) for m in norms)
     parts.data.close()
