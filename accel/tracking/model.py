@@ -77,23 +77,28 @@ def log_torch_model(tracking_uri: str, run_id: str, model, example, label: str,
     # Default experiment, where runs:/RUN_ID/model does not find it.
     logged = client.create_logged_model(run.info.experiment_id, name=MODEL_NAME,
                                         source_run_id=run_id, params=run.data.params)
+    from accel import signals
+
     try:
-        for serialization in ("pt2", "pickle"):
-            try:
-                info = mlflow.pytorch.log_model(
-                    model, name=MODEL_NAME, model_id=logged.model_id, run_id=run_id,
-                    input_example=example, signature=signature, metadata=metadata,
-                    serialization_format=serialization, pip_requirements=_requirements())
-                client.set_logged_model_tags(logged.model_id,
-                                             {"accel.serialization": serialization})
-                return info.model_uri, serialization
-            except Exception as e:
-                if serialization == "pickle":
-                    raise
-                warn(f"torch.export cannot trace {label} ({one_line(e)[:150]}); logging it "
-                     "pickled instead (loading it needs timm and runs code)")
+        # MLflow's own store writes inside log_model are not accel's: a stop cutting one in
+        # half leaves SQLite locked, and marking the model FAILED then waits out the lock. A
+        # stop during the logging is raised when it is done, and the model is marked FAILED.
+        with signals.atomic():
+            for serialization in ("pt2", "pickle"):
+                try:
+                    info = mlflow.pytorch.log_model(
+                        model, name=MODEL_NAME, model_id=logged.model_id, run_id=run_id,
+                        input_example=example, signature=signature, metadata=metadata,
+                        serialization_format=serialization, pip_requirements=_requirements())
+                    client.set_logged_model_tags(logged.model_id,
+                                                 {"accel.serialization": serialization})
+                    return info.model_uri, serialization
+                except Exception as e:
+                    if serialization == "pickle":
+                        raise
+                    warn(f"torch.export cannot trace {label} ({one_line(e)[:150]}); logging "
+                         "it pickled instead (loading it needs timm and runs code)")
     except BaseException as e:  # an error or a stop: the half-logged model says so
-        from accel import signals
         from accel.tracking.client import retry_locked
 
         try:  # a stop inside a store call can leave SQLite locked for a moment
