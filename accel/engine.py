@@ -65,9 +65,10 @@ def _param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:
     other vectors), with the BatchNorm biases moved to a third at lr x bn_bias_lr_scale."""
     from timm.optim import param_groups_weight_decay
 
-    norms = (torch.nn.modules.batchnorm._BatchNorm,)
-    bn_biases = {id(m.bias) for m in model.modules() if isinstance(m, norms)
-                 and m.bias is not None and m.bias.requires_grad}
+    from accel.models import batch_norms
+
+    bn_biases = {id(m.bias) for m in batch_norms(model)
+                 if m.bias is not None and m.bias.requires_grad}
     groups = []
     for group in param_groups_weight_decay(model, t.weight_decay):
         rest = [p for p in group["params"] if id(p) not in bn_biases]

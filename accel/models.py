@@ -54,9 +54,10 @@ def dirac_init(model: torch.nn.Module) -> int:
     init. Returns how many convolutions it set."""
     done = 0
     for conv in model.modules():
-        k = getattr(conv, "kernel_size", None)
-        if (isinstance(conv, torch.nn.Conv2d) and conv.groups == 1 and k[0] == k[1]
-                and k[0] % 2 == 1):
+        if not isinstance(conv, torch.nn.Conv2d):
+            continue
+        k = conv.kernel_size
+        if conv.groups == 1 and k[0] == k[1] and k[0] % 2 == 1:
             with torch.no_grad():
                 torch.nn.init.dirac_(conv.weight[: min(conv.in_channels, conv.out_channels)])
             done += 1
