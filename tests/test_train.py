@@ -45,6 +45,36 @@ def test_same_seed_twice_gives_identical_metrics(tiny_overrides):
     assert strip(other.history) != strip(a.history)  # the seed is really used
 
 
+def test_a_runs_model_is_freed_once_the_next_run_starts(tiny_overrides, store, monkeypatch):
+    """A study trains many runs in one process, and each run leaves objects behind in reference
+    cycles (the trainer's handlers hold the model): train() collects them before it puts what
+    survives out of the collector's reach (gc.freeze), so no run keeps an earlier one's model."""
+    import gc
+    import weakref
+
+    import accel.train as training
+
+    models, build = [], training.build
+
+    def build_and_watch(cfg):
+        parts = build(cfg)
+        models.append(weakref.ref(parts.bare))
+        return parts
+
+    monkeypatch.setattr(training, "build", build_and_watch)
+    cfg = config.load(None, [*tiny_overrides, "train.epochs=1", f"tracking.uri={store}"])
+    gc.disable()  # only train()'s own collections run
+    try:
+        train(cfg)
+        assert models[0]() is not None, "freed by reference counts alone: nothing to show"
+        train(cfg)
+    finally:
+        gc.enable()
+    assert len(models) == 2
+    assert models[0]() is None, "the first run's model outlived the second run's start"
+    gc.collect()
+    assert models[1]() is None
+
 def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
     proc = run_in_process(
         "train",

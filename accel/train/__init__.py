@@ -144,6 +144,10 @@ def _reset_peak_memory(device_name: str) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     gc.collect()  # an earlier trial's tensors, and the heap pages they held, go back first
+    # What survives (the libraries, the study) is left out of every later collection: a full one
+    # walks the ~700k objects of torch, MLflow and Ignite, 0.34 s, half of a tiny trial's time.
+    # After the collection, so no earlier trial's garbage is kept for good.
+    gc.freeze()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed pages otherwise
     with contextlib.suppress(OSError):
