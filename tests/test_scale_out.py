@@ -412,9 +412,10 @@ def _the_passwords_are_kept_nowhere(stack: Stack, tmp_path: Path) -> None:
 
 
 def _kill_a_node_mid_trial(stack: Stack, client, tmp_path: Path, node: dict) -> None:
-    """SIGKILL one of two nodes inside a trial: the survivor fails it (heartbeats) and runs it
-    again with the same values; its MLflow run ends FAILED, as a dead worker's on every storage."""
-    c = stack.start("worker", tmp_path / "c.log", ACCEL_TRIALS="5", **node)
+    """SIGKILL a node inside a trial: the next node to start a trial once the dead one's
+    heartbeats are stale fails it and runs it again with the same values; its MLflow run ends
+    FAILED, as a dead worker's on every storage. (A node started beside it could finish all of
+    its tiny trials within the grace period, and so never see the dead trial.)"""
     d = stack.start("worker", tmp_path / "d.log", ACCEL_TRIALS="3", **node)
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -429,6 +430,10 @@ def _kill_a_node_mid_trial(stack: Stack, client, tmp_path: Path, node: dict) -> 
         raise AssertionError("node d never started a trial")
     os.killpg(d.pid, signal.SIGKILL)
     d.wait()
+    stale = time.time() + float(node["ACCEL_GRACE_S"]) + 1
+    while time.time() < stale:  # the dead trial's last heartbeat is older than the grace
+        time.sleep(0.3)
+    c = stack.start("worker", tmp_path / "c.log", ACCEL_TRIALS="2", **node)
     finished(c)
 
     study = load_study(stack)

@@ -89,6 +89,9 @@ def kill_when(args: list[str], wait) -> tuple[str, int]:
 
 def test_a_retried_two_objective_trial_carries_on_and_completes(tmp_path):
     exp = experiment(tmp_path, "mo", objectives=TWO_OBJECTIVES)
+    data = yaml.safe_load(exp.read_text())
+    data["train"]["epoch_length"] = 40  # epochs of seconds: the kill lands inside the trial,
+    exp.write_text(yaml.safe_dump(data))  # not after its last epoch (its checkpoint dropped)
     store, journal = new_store(tmp_path), tmp_path / "optuna.journal"
     args = ["tune", str(exp), "--study", "mo", "--n-trials", "1", "--storage", str(journal),
             "--tracking-uri", store]
