@@ -9,7 +9,7 @@ from pathlib import Path
 from accel import signals
 from accel.config import DEFAULT_CONFIG, Config
 from accel.console import program
-from accel.errors import ConfigError, NonFiniteLoss, first_line, one_line
+from accel.errors import ConfigError, NonFiniteLoss, RankFailed, first_line, one_line
 from accel.uris import DEFAULT_STORAGE, DEFAULT_URI, redact, resolve_uri, with_driver
 
 
@@ -39,8 +39,9 @@ def load_config(items: list[str]) -> Config:
 def cmd_train(args: argparse.Namespace) -> int:
     from accel.train import describe, train
 
+    # a named experiment keeps its name on other data
     named = [f"tracking.experiment={args.experiment}"] if args.experiment else []
-    cfg = load_config([*args.items, *named])  # a named experiment keeps its name on other data
+    cfg = load_config([*args.items, *named, *_nproc(args)])
     if args.tracking_uri:
         cfg.tracking.uri = args.tracking_uri
     result = train(cfg)
@@ -51,7 +52,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from accel import tune
 
-    return tune.cli_tune(args, load_config(args.items))
+    return tune.cli_tune(args, load_config([*args.items, *_nproc(args)]))
+
+
+def _nproc(args: argparse.Namespace) -> list[str]:
+    n = args.nproc_per_node
+    return [f"train.nproc_per_node={n}"] if n is not None else []
+
+
+def _nproc_arg(p: Parser) -> None:
+    p.add_argument("--nproc-per-node", type=int, metavar="N", help="processes training each "
+                   "run together, data parallel (train.nproc_per_node; one GPU each on CUDA)")
 
 
 def cmd_best(args: argparse.Namespace) -> int:
@@ -184,11 +195,11 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
 def _training_commands(command) -> None:
     """train, tune, best, ablate: the commands that train."""
     p = command("train", "train one model and log the run to MLflow", cmd_train,
-                _config_args, _tracking_arg)
+                _config_args, _tracking_arg, _nproc_arg)
     p.add_argument("--experiment", metavar="NAME", help="MLflow experiment (default: config name)")
 
     p = command("tune", "run an Optuna study; every trial is one tracked training run", cmd_tune,
-                _config_args, _storage_arg, _tracking_arg)
+                _config_args, _storage_arg, _tracking_arg, _nproc_arg)
     p.add_argument("--study", metavar="NAME", help="study name (default: config name)")
     p.add_argument("--n-trials", type=int, metavar="N", help="trials for this invocation")
     p.add_argument("--timeout", type=float, metavar="S", help="stop starting trials after S s")
@@ -310,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accel: stopped by {signals.stopped_by()}" + (f"; {left}" if left else ""),
               file=sys.stderr)
         return signals.exit_code()
-    except NonFiniteLoss as e:
+    except (NonFiniteLoss, RankFailed) as e:
         print(f"accel: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # a full disk, an artifact folder that cannot be written

@@ -1,8 +1,7 @@
 """One typed config for a whole run: YAML in, dotted `KEY=VALUE` overrides, validation.
 
 Every setting lives here. The CLI only overrides it, and the resolved config is logged whole
-(as MLflow params and as `config.yaml`), so `accel train config.yaml` reruns a run exactly.
-"""
+(MLflow params, `config.yaml`), so `accel train config.yaml` reruns a run exactly."""
 
 from __future__ import annotations
 
@@ -92,10 +91,11 @@ class TrainConfig:
     # {metric, value}: log time_to_target_s and epochs_to_target at the first epoch reaching it
     target: dict[str, Any] = field(default_factory=dict)
     stop_at_target: bool = False  # end the run (FINISHED) at that epoch
+    nproc_per_node: int = 1  # processes training the run data parallel; batch_size is each's
 
     @property
     def effective_batch_size(self) -> int:
-        return self.batch_size * self.accumulation_steps
+        return self.batch_size * self.accumulation_steps * self.nproc_per_node
 
 
 @dataclass
@@ -371,6 +371,7 @@ def validate(cfg: Config) -> None:
     _require("model.bn_momentum", cfg.model.bn_momentum,
              cfg.model.bn_momentum is None or 0 < cfg.model.bn_momentum <= 1,
              "must be in (0, 1] or null (the model's own)")
+    _require("train.nproc_per_node", t.nproc_per_node, t.nproc_per_node >= 1, "must be >= 1")
     _require("train.epoch_length", t.epoch_length, t.epoch_length is None or t.epoch_length >= 1,
              "must be >= 1 or null")
     for key, value, choices in (

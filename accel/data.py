@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from accel import ranks
 from accel.config import Config, ConfigError
 
 # Per-channel statistics of the training sets, in [0, 1] pixel units.
@@ -342,6 +343,9 @@ def build_data(cfg: Config, device: torch.device) -> Data:
 
     d, t = cfg.data, cfg.train
     if d.on_device:
+        if ranks.world_size() > 1:
+            raise ConfigError("train.nproc_per_node > 1 reads the data through loaders: set "
+                              "data.on_device=false")
         return _resident(cfg, device, train_ds, val_ds, test_ds, classes, in_chans, size)
     common = dict(
         num_workers=d.num_workers,
@@ -351,29 +355,21 @@ def build_data(cfg: Config, device: torch.device) -> Data:
         persistent_workers=d.num_workers > 0,
         worker_init_fn=seed_worker,
     )
+    generator = torch.Generator().manual_seed(t.seed)
+    shards = ranks.shards(len(train_ds), generator, t.batch_size)  # several ranks: each its share
     train = DataLoader(
-        train_ds,
-        batch_size=t.batch_size,
-        shuffle=True,
+        train_ds, batch_size=t.batch_size, shuffle=shards is None, sampler=shards,
         # A last batch of one image breaks BatchNorm's batch statistics; drop the remainder
         # (a different one each epoch, as the order is reshuffled) when a full batch exists.
-        drop_last=len(train_ds) > t.batch_size,
-        generator=torch.Generator().manual_seed(t.seed),
-        **common,
-    )
+        drop_last=len(train_ds) > t.batch_size, generator=generator, **common)
 
     def evaluation(ds):
-        return DataLoader(ds, batch_size=max(t.batch_size, 256), shuffle=False, **common)
+        return DataLoader(ds, batch_size=max(t.batch_size, 256), shuffle=False,
+                          sampler=ranks.eval_shard(len(ds)), **common)
 
-    return Data(
-        train=train,
-        val=evaluation(val_ds),
-        test=evaluation(test_ds) if test_ds is not None else None,
-        num_classes=len(classes),
-        in_chans=in_chans,
-        img_size=size,
-        classes=classes,
-    )
+    return Data(train=train, val=evaluation(val_ds),
+                test=evaluation(test_ds) if test_ds is not None else None,
+                num_classes=len(classes), in_chans=in_chans, img_size=size, classes=classes)
 
 
 def _resident(cfg: Config, device: torch.device, train_ds, val_ds, test_ds, classes, in_chans,

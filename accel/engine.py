@@ -125,10 +125,16 @@ class EpochStats:
     skipped_updates: int = 0  # fp16: inf/NaN gradients, the optimizer step was skipped
 
     def summary(self) -> dict[str, float]:
+        """The epoch's means; with several ranks, train_loss over every rank's micro-batches and
+        `samples` summed (the ranks' gradients, and so their norms, are the same)."""
+        from accel.ranks import sum_over_ranks
+
         return {
-            "train_loss": float(self.loss_sum) / max(1, self.micro_batches),
+            "train_loss": sum_over_ranks(float(self.loss_sum))
+            / max(1.0, sum_over_ranks(self.micro_batches)),
             "grad_norm": float(self.grad_norm_sum) / max(1, self.updates),
             "skipped_updates": float(self.skipped_updates),
+            "samples": sum_over_ranks(self.samples),
         }
 
 
@@ -178,12 +184,17 @@ class UpdateStep:
         window_size, closes_window = self.window_of(engine.state.iteration,
                                                     engine.state.epoch_length)
 
-        with autocast(self.device, self.amp_dtype):
-            loss = self.loss_fn(self.model(x), y)
-        scaled = loss / window_size  # the window's gradient is the mean over its micro-batches
-        if self.scaler is not None:
-            scaled = self.scaler.scale(scaled)
-        scaled.backward()
+        # Several ranks (DistributedDataParallel) average their gradients once per window, in
+        # the backward pass of its last micro-batch; the others accumulate locally (no_sync).
+        local = self.model.no_sync() if hasattr(self.model, "no_sync") and not closes_window \
+            else contextlib.nullcontext()
+        with local:
+            with autocast(self.device, self.amp_dtype):
+                loss = self.loss_fn(self.model(x), y)
+            scaled = loss / window_size  # the window's gradient: the mean over its micro-batches
+            if self.scaler is not None:
+                scaled = self.scaler.scale(scaled)
+            scaled.backward()
 
         loss = loss.detach()
         self.stats.loss_sum += loss

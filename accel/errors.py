@@ -1,7 +1,8 @@
 """The errors the CLI turns into exit codes, and how an error is shown in one line.
 
 `ConfigError` (and its subclasses, such as `accel.data.DataError`) is bad input: exit 2.
-`NonFiniteLoss` is a run that failed for a reason the user can act on: exit 1, one line.
+`NonFiniteLoss` is a run that failed for a reason the user can act on: exit 1, one line; so is
+`RankFailed`, another rank of a data-parallel run that failed (its own error) or was killed.
 `OSError` (a full disk, a folder that cannot be written) is the environment's: exit 1, one line
 naming the path. Anything else is a bug and keeps its traceback.
 """
@@ -19,6 +20,11 @@ class ConfigError(ValueError):
 
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN or inf; the run ends FAILED and the CLI exits 1."""
+
+
+class RankFailed(RuntimeError):
+    """Another rank of a data-parallel run failed or was killed (its error, or how it ended);
+    the run ends FAILED and the CLI exits 1."""
 
 
 def first_line(error: BaseException) -> str:

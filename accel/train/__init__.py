@@ -72,7 +72,19 @@ def train(
     resume: Resume | None = None,
 ) -> Result:
     """Train `cfg` once, logging to MLflow; `trial` (Optuna) only adds per-epoch pruning;
-    `resume` carries on from a last-epoch checkpoint (accel.train.checkpoint)."""
+    `resume` carries on from a last-epoch checkpoint (accel.train.checkpoint). With
+    `train.nproc_per_node` > 1 this process is rank 0 of the run (accel.train.launch)."""
+    from accel.ranks import rank
+    from accel.train.launch import ranks
+
+    with ranks(cfg, resume):
+        if rank() != 0:  # under torchrun: rank 0 alone logs and reports
+            track, trial = False, None
+        return _train(cfg, trial, run_name, tags, parent_run_id, track, resume)
+
+
+def _train(cfg: Config, trial: Any, run_name: str | None, tags: dict[str, str] | None,
+           parent_run_id: str | None, track: bool, resume: Resume | None) -> Result:
     from accel.tracking import scratch_dir
 
     started = time.perf_counter()
@@ -80,6 +92,11 @@ def train(
     parts = build(cfg)
     if resume is not None:
         restore(parts, resume.state)
+        if resume.best_weights is not None:  # a best epoch before the checkpoint: test_* use it
+            import torch
+
+            parts.best_state = torch.load(resume.best_weights, map_location="cpu",
+                                          weights_only=True)
         _report_earlier_epochs(trial, parts)
     stopped = _stop_errors(trial)  # a pruned trial, Ctrl-C or SIGTERM: the run ends KILLED
     status, error = "FAILED", None

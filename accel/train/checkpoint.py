@@ -128,6 +128,9 @@ def capture(parts) -> dict[str, Any]:
         "history": [dict(row) for row in parts.history],
         "batches": parts.batches.state_dict(),
         "rng": random_states(),
+        # several ranks (train.nproc_per_node): each one's states, gathered where every rank
+        # takes them (accel.train.epochs), rank 0's again among them
+        "rng_ranks": parts.rank_random_states or [],
     }
 
 
@@ -160,7 +163,10 @@ def restore(parts, state: dict[str, Any]) -> None:
     step.updates = state["updates"]
     parts.history[:] = state["history"]
     parts.batches.load_state_dict(state["batches"])
-    set_random_states(state["rng"])
+    from accel.ranks import rank
+
+    ranks = state.get("rng_ranks") or []
+    set_random_states(ranks[rank()] if rank() < len(ranks) else state["rng"])
 
 
 @contextlib.contextmanager

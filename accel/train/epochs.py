@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from accel import ranks
 from accel.console import note
 from accel.errors import NonFiniteLoss
 from accel.train.parts import Parts
@@ -37,7 +38,7 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         from optuna_integration import PyTorchIgnitePruningHandler
 
         pruning = PyTorchIgnitePruningHandler(trial, metric.removeprefix("val_"), trainer)
-    verbose = sys.stderr.isatty()
+    verbose = sys.stderr.isatty() and ranks.rank() == 0
     if verbose:
         from ignite.handlers import ProgressBar
 
@@ -64,6 +65,9 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         # The checkpoint (after every draw of randomness this epoch makes) before the epoch's
         # metrics: a run stopped between the two logs them when it resumes, so every epoch is
         # logged exactly once.
+        from accel.train.checkpoint import random_states
+
+        parts.rank_random_states = ranks.gathered(random_states())  # ranks > 1: each
         run.last_state(parts)
         run.metrics(row, step=trainer.state.epoch)
         hit = time_to_target(cfg.train.target, parts.history)
@@ -76,8 +80,20 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         if verbose:
             print(f"epoch {trainer.state.epoch}/{cfg.train.epochs} "
                   + " ".join(f"{k}={v:.4g}" for k, v in row.items()), file=sys.stderr)
+        prune(pruning, parts.evaluator)
+
+
+def prune(pruning, evaluator) -> None:
+    """Reports the epoch's metric to Optuna, which may prune the trial (optuna.TrialPruned);
+    rank 0 holds the trial, and its decision ends the other ranks too (Stopped)."""
+    pruned = None
+    try:
         if pruning is not None:
-            pruning(parts.evaluator)  # reports this epoch's metric; raises optuna.TrialPruned
+            pruning(evaluator)
+    except Exception as e:  # optuna.TrialPruned
+        pruned = e
+    if ranks.rank_zero_decides(pruned is not None):
+        raise pruned if pruned is not None else ranks.Stopped("rank 0 ended the run")
 
 
 def time_to_target(target: dict, history: list[dict[str, float]]) -> tuple[float, int] | None:
@@ -107,7 +123,7 @@ def epoch_row(parts: Parts, t0: float) -> dict[str, float]:
         "val_accuracy": val["accuracy"],
         "val_f1": float(val["f1"]),
         "epoch_time_s": seconds,
-        "train_throughput": step.stats.samples / seconds,
+        "train_throughput": stats["samples"] / seconds,
         "lr": step.optimizer.param_groups[0]["lr"],
         "peak_memory_mb": peak_memory_mb(parts.device),
         "grad_norm": stats["grad_norm"],

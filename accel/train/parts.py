@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
-from accel import engine, models
+from accel import engine, models, ranks
 from accel.config import Config
 from accel.console import say_notes
+from accel.train import launch
 from accel.train.checkpoint import Batches
 
 
@@ -31,6 +32,7 @@ class Parts:
     batches: Any  # accel.train.checkpoint.Batches: the train loader, as the trainer reads it
     history: list[dict[str, float]] = field(default_factory=list)
     best_state: dict[str, torch.Tensor] | None = None  # the best epoch's weights, this process
+    rank_random_states: list | None = None  # every rank's, at the last epoch's end (ranks > 1)
     notes: list[str] = field(default_factory=list)  # said once an epoch has trained: bad data
     # found in the first epoch is then the only line a failed command prints
 
@@ -42,7 +44,7 @@ def build(cfg: Config) -> Parts:
 
     t = cfg.train
     models.check_model_name(cfg.model.name)  # a bad name fails before any data is read
-    device = engine.resolve_device(t.device)
+    device = launch.device_of(t.device)
     seed_everything(t.seed, t.deterministic)
     data = build_data(cfg, device)
     say_notes()  # the data is there: what the config adapted to it (config.follow_the_data)
@@ -61,9 +63,10 @@ def build(cfg: Config) -> Parts:
         _said.add(few)  # once per process: a study's trials would repeat it
         notes.append(few)
     optimizer = engine.build_optimizer(model, t)
+    trained = ranks.wrap(model, device)  # several ranks: DistributedDataParallel
     non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
     step = engine.UpdateStep(
-        model,
+        trained,
         optimizer,
         torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing),
         device,

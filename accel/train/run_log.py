@@ -226,6 +226,8 @@ def _carry_over(run: RunLog, parts: Parts, resume: Resume) -> None:
 def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -> None:
     """test_* metrics, the best epoch and its metric, the confusion matrix of the last
     evaluation (best.pt was logged when its epoch ended)."""
+    if "confusion_matrix" not in parts.evaluator.state.metrics:  # resumed with no epoch left
+        parts.evaluator.run(parts.data.val)  # on every rank: its metrics are reduced across them
     if run.tracker is None:
         return
     metric = parts.cfg.search.metric
@@ -233,8 +235,6 @@ def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -
     summary.update({"best_epoch": best, f"best_{metric}": parts.history[best - 1][metric],
                     "train_time_s": run_costs(parts.history)["train_time_s"]})
     run.metrics(summary, step=parts.trainer.state.epoch)
-    if "confusion_matrix" not in parts.evaluator.state.metrics:  # resumed with no epoch left
-        parts.evaluator.run(parts.data.val)
     matrix = parts.evaluator.state.metrics["confusion_matrix"]
     log_confusion_matrix(run.tracker, run.run_id, matrix, parts.data.classes)
     if parts.cfg.tracking.log_model:

@@ -1,0 +1,181 @@
+"""train.nproc_per_node: one run on two gloo processes, against one process at twice the
+micro-batch; one MLflow run; a killed rank; a resumed two-rank run."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from accel import config
+from tests.conftest import new_store
+
+# A model without BatchNorm (a ViT: LayerNorm is per image), so two ranks at micro-batch b and
+# one process at 2b compute the same gradients; 256 digits, 16 px, no augmentation.
+NO_BATCHNORM = (
+    "data.dataset=digits",
+    "data.train_limit=256",
+    "data.num_workers=0",
+    "model.name=test_vit",
+    "model.img_size=16",
+    "train.epochs=2",
+    "train.device=cpu",
+    "train.amp=off",
+    "train.optimizer=sgd",
+    "train.lr=0.05",
+    "train.clip_grad_norm=1.0",
+    "tracking.system_metrics=false",
+)
+
+
+def trained(overrides: list[str], store: str, monkeypatch) -> tuple[object, torch.nn.Module]:
+    """train() in this process (rank 0), and the model it trained."""
+    import accel.train as training
+
+    models, build = [], training.build
+
+    def build_and_keep(cfg):
+        parts = build(cfg)
+        models.append(parts.bare)
+        return parts
+
+    monkeypatch.setattr(training, "build", build_and_keep)
+    result = training.train(config.load(None, [*NO_BATCHNORM, *overrides,
+                                               f"tracking.uri={store}"]))
+    return result, models[0]
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_two_ranks_at_b_train_the_weights_one_process_trains_at_2b(accumulation, tmp_path,
+                                                                    monkeypatch):
+    store = new_store(tmp_path)
+    steps = f"train.accumulation_steps={accumulation}"
+    one, one_model = trained(["train.batch_size=16", steps], store, monkeypatch)
+    two, two_model = trained(["train.batch_size=8", steps, "train.nproc_per_node=2",
+                              "tracking.experiment=two"], store, monkeypatch)
+    for name, weight in one_model.state_dict().items():
+        other = two_model.state_dict()[name]
+        assert torch.allclose(weight, other, rtol=0, atol=1e-5), (
+            name, (weight - other).abs().max())
+    assert one.history[0]["val_accuracy"] == two.history[0]["val_accuracy"]  # the same images
+    for a, b in zip(one.history, two.history, strict=True):
+        for key in ("train_loss", "val_loss", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5), (key, a[key], b[key])
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("two").experiment_id])
+    assert len(runs) == 1, "one MLflow run for the two ranks"
+    assert runs[0].info.run_id == two.run_id and runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["train.nproc_per_node"] == "2"
+    assert runs[0].data.params["effective_batch_size"] == str(16 * accumulation)
+
+
+def test_a_killed_rank_ends_the_run_failed_naming_it(tmp_path):
+    """SIGKILL to rank 1 mid-run: rank 0 says which rank ended and how, in one line, exit 1,
+    and the run is FAILED; no process is left."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.conftest import ROOT
+
+    store = new_store(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accel", "train", *NO_BATCHNORM, "train.epochs=200",
+         "train.batch_size=8", "--nproc-per-node", "2", "--tracking-uri", store],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        client = MlflowClient(store)
+        deadline = time.time() + 120
+        while time.time() < deadline:  # an epoch logged: both ranks are training
+            runs = client.search_runs(
+                [e.experiment_id for e in client.search_experiments()])
+            if runs and client.get_metric_history(runs[0].info.run_id, "val_loss"):
+                break
+            time.sleep(0.5)
+        [follower] = [p for p in psutil.Process(proc.pid).children()  # not the resource
+                      if "spawn_main" in " ".join(p.cmdline())]  # tracker that spawn starts
+        follower.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            import os
+
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 1, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "rank 1 of 2 ended (killed by SIGKILL)" in lines[0], err[-3000:]
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FAILED"
+    assert not psutil.pid_exists(follower.pid) or follower.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_two_rank_run_stopped_by_sigterm_resumes_exactly(tmp_path):
+    """Processes as users run them: a two-rank run never interrupted; the same run with SIGTERM
+    to rank 0 after epoch 1 (inside a pass over the data), which ends its follower too and
+    leaves the run KILLED; `accel resume` of it, on two ranks again, ends with the same curves
+    and weights."""
+    from tests.conftest import run_cli
+    from tests.test_resume import RESUMABLE, curves, only_run, train_stopped_after, weights
+
+    two = [*RESUMABLE, "train.batch_size=8", "train.nproc_per_node=2"]
+    ref_store = new_store(tmp_path / "reference")
+    out = run_cli("train", *two, "--tracking-uri", ref_store)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ref_run = only_run(ref_store)
+
+    store = new_store(tmp_path / "stopped")
+    stopped = train_stopped_after(1, [*two, "--tracking-uri", store])
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    run_id = only_run(store)
+    assert MlflowClient(store).get_run(run_id).info.status == "KILLED"
+    out = run_cli("resume", run_id, "--tracking-uri", store)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "after epoch 1 of 3" in out.stderr
+    assert MlflowClient(store).get_run(run_id).info.status == "FINISHED"
+    mine, ref = curves(store, run_id), curves(ref_store, ref_run)
+    assert mine == ref and len(ref["train_loss"]) == 3
+    final = weights(store, run_id, tmp_path / "a")
+    expected = weights(ref_store, ref_run, tmp_path / "b")
+    assert final.keys() == expected.keys()
+    assert all(torch.equal(final[key], expected[key]) for key in expected)
+
+
+def test_a_study_of_two_rank_trials_logs_one_run_per_trial(tmp_path):
+    """`accel tune --nproc-per-node 2`: each trial trains on two ranks (rank 0 is the study's
+    process), logs one MLflow run, and its value is that run's best val_accuracy."""
+    import optuna
+    import yaml
+
+    from accel.tune.storage import open_storage
+    from tests.conftest import cli_main
+
+    exp = tmp_path / "ddp.yaml"
+    overrides = dict(item.split("=", 1) for item in NO_BATCHNORM)
+    data = {"name": "ddp", "search": {"pruner": "none", "space": {
+        "train.lr": {"type": "float", "low": 0.01, "high": 0.1, "log": True}}}}
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        data.setdefault(section, {})[name] = value if value == "off" else yaml.safe_load(value)
+    data["train"].update(epochs=1, batch_size=8)
+    exp.write_text(yaml.safe_dump(data))
+    store, journal = new_store(tmp_path), str(tmp_path / "optuna.journal")
+    code, _, err = cli_main("tune", str(exp), "--n-trials", "2", "--nproc-per-node", "2",
+                            "--storage", journal, "--tracking-uri", store)
+    assert code == 0, err[-3000:]
+    trials = optuna.load_study(study_name="ddp", storage=open_storage(journal)).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("ddp").experiment_id],
+                              "tags.`accel.role` = 'trial'")
+    assert len(runs) == 2, "one run per trial, not per rank"
+    by_id = {r.info.run_id: r for r in runs}
+    for trial in trials:
+        run = by_id[trial.user_attrs["mlflow_run_id"]]
+        assert trial.value == run.data.metrics["best_val_accuracy"]
+        assert run.data.params["train.nproc_per_node"] == "2"
