@@ -179,3 +179,57 @@ def test_a_study_of_two_rank_trials_logs_one_run_per_trial(tmp_path):
         run = by_id[trial.user_attrs["mlflow_run_id"]]
         assert trial.value == run.data.metrics["best_val_accuracy"]
         assert run.data.params["train.nproc_per_node"] == "2"
+
+
+def test_rank_zeros_pruning_ends_every_rank(tmp_path, monkeypatch):
+    """Only rank 0 holds the Optuna trial: when it prunes after epoch 2, the follower stops at
+    the same epoch (no rank left waiting in a collective), train() raises TrialPruned and the
+    run ends KILLED, as a pruned one-process trial's does."""
+    import types
+
+    import optuna
+    import optuna_integration
+    import psutil
+
+    import accel.train as training
+
+    class PruneAtEpochTwo:
+        def __init__(self, trial, metric, trainer):
+            self.trainer = trainer
+
+        def __call__(self, evaluator):
+            if self.trainer.state.epoch == 2:
+                raise optuna.TrialPruned("pruned at epoch 2")
+
+    monkeypatch.setattr(optuna_integration, "PyTorchIgnitePruningHandler", PruneAtEpochTwo)
+    trial = types.SimpleNamespace(study=types.SimpleNamespace(directions=["maximize"]))
+    histories, build = [], training.build
+
+    def build_and_keep(cfg):
+        parts = build(cfg)
+        histories.append(parts.history)
+        return parts
+
+    monkeypatch.setattr(training, "build", build_and_keep)
+    from accel.train import launch
+
+    ended, end = [], launch._end
+
+    def end_and_record(followers):  # how each follower ended before rank 0 would end it
+        ended.extend(p.exitcode for p in followers)
+        end(followers)
+
+    monkeypatch.setattr(launch, "_end", end_and_record)
+    store = new_store(tmp_path)
+    cfg = config.load(None, [*NO_BATCHNORM, "train.epochs=4", "train.batch_size=8",
+                             "train.nproc_per_node=2", f"tracking.uri={store}"])
+    with pytest.raises(optuna.TrialPruned):
+        training.train(cfg, trial=trial)
+    assert len(histories[0]) == 2
+    assert ended == [0], "the follower did not stop by itself with rank 0's decision"
+    client = MlflowClient(store)
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "KILLED"
+    assert len(client.get_metric_history(run.info.run_id, "val_loss")) == 2
+    assert not [p for p in psutil.Process().children(recursive=True)
+                if "spawn_main" in " ".join(p.cmdline())], "a follower was left running"
