@@ -30,21 +30,28 @@ NO_BATCHNORM = (
 )
 
 
-def trained(overrides: list[str], store: str, monkeypatch) -> tuple[object, torch.nn.Module]:
-    """train() in this process (rank 0), and the model it trained."""
+def built(monkeypatch) -> list:
+    """Every run's parts (model, history, ...) that train() builds in this process (rank 0)."""
     import accel.train as training
 
-    models, build = [], training.build
+    kept, build = [], training.build
 
     def build_and_keep(cfg):
         parts = build(cfg)
-        models.append(parts.bare)
+        kept.append(parts)
         return parts
 
     monkeypatch.setattr(training, "build", build_and_keep)
-    result = training.train(config.load(None, [*NO_BATCHNORM, *overrides,
-                                               f"tracking.uri={store}"]))
-    return result, models[0]
+    return kept
+
+
+def trained(overrides: list[str], store: str, monkeypatch) -> tuple[object, torch.nn.Module]:
+    """train() in this process (rank 0), and the model it trained."""
+    from accel.train import train
+
+    parts = built(monkeypatch)
+    result = train(config.load(None, [*NO_BATCHNORM, *overrides, f"tracking.uri={store}"]))
+    return result, parts[-1].bare
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
@@ -203,14 +210,7 @@ def test_rank_zeros_pruning_ends_every_rank(tmp_path, monkeypatch):
 
     monkeypatch.setattr(optuna_integration, "PyTorchIgnitePruningHandler", PruneAtEpochTwo)
     trial = types.SimpleNamespace(study=types.SimpleNamespace(directions=["maximize"]))
-    histories, build = [], training.build
-
-    def build_and_keep(cfg):
-        parts = build(cfg)
-        histories.append(parts.history)
-        return parts
-
-    monkeypatch.setattr(training, "build", build_and_keep)
+    parts = built(monkeypatch)
     from accel.train import launch
 
     ended, end = [], launch._end
@@ -225,7 +225,7 @@ def test_rank_zeros_pruning_ends_every_rank(tmp_path, monkeypatch):
                              "train.nproc_per_node=2", f"tracking.uri={store}"])
     with pytest.raises(optuna.TrialPruned):
         training.train(cfg, trial=trial)
-    assert len(histories[0]) == 2
+    assert len(parts[0].history) == 2
     assert ended == [0], "the follower did not stop by itself with rank 0's decision"
     client = MlflowClient(store)
     [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
