@@ -48,6 +48,17 @@ def gathered(obj: Any) -> list[Any] | None:
     return objects
 
 
+def from_rank_zero(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (each rank calls it; one process: `obj`)."""
+    if world_size() == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj if rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def sum_over_ranks(value: float) -> float:
     if world_size() == 1:
         return value

@@ -233,3 +233,23 @@ def test_rank_zeros_pruning_ends_every_rank(tmp_path, monkeypatch):
     assert len(client.get_metric_history(run.info.run_id, "val_loss")) == 2
     assert not [p for p in psutil.Process().children(recursive=True)
                 if "spawn_main" in " ".join(p.cmdline())], "a follower was left running"
+
+
+def test_a_resumed_two_rank_run_whose_best_epoch_came_before_scores_it_on_every_rank(tmp_path):
+    """The best epoch (the lowest val_accuracy here) ran before the stop: after `accel resume`
+    only rank 0 can read its best.pt from the store, and every rank must score the same weights
+    (the final evaluation is one collective over the ranks' shards)."""
+    from tests.conftest import run_cli
+    from tests.test_resume import RESUMABLE, only_run, train_stopped_after
+
+    two = [*RESUMABLE, "train.batch_size=8", "train.nproc_per_node=2",
+           "search.direction=minimize"]
+    store = new_store(tmp_path)
+    stopped = train_stopped_after(2, [*two, "--tracking-uri", store])
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    run_id = only_run(store)
+    out = run_cli("resume", run_id, "--tracking-uri", store, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "scored with the last epoch's weights" not in out.stderr
+    run = MlflowClient(store).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["best_epoch"] < 3

@@ -92,11 +92,6 @@ def _train(cfg: Config, trial: Any, run_name: str | None, tags: dict[str, str] |
     parts = build(cfg)
     if resume is not None:
         restore(parts, resume.state)
-        if resume.best_weights is not None:  # a best epoch before the checkpoint: test_* use it
-            import torch
-
-            parts.best_state = torch.load(resume.best_weights, map_location="cpu",
-                                          weights_only=True)
         _report_earlier_epochs(trial, parts)
     stopped = _stop_errors(trial)  # a pruned trial, Ctrl-C or SIGTERM: the run ends KILLED
     status, error = "FAILED", None

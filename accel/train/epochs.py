@@ -182,6 +182,8 @@ def load_best(parts: Parts, run: RunLog) -> bool:
     if best == len(parts.history):
         return False
     state = parts.best_state if parts.best_state is not None else run.stored_best()
+    if parts.best_state is None:  # several ranks: rank 0 reads the store, the others have none
+        state = ranks.from_rank_zero(state)
     if state is None:
         from accel.console import warn
 
