@@ -165,8 +165,8 @@ def restore(parts, state: dict[str, Any]) -> None:
     parts.batches.load_state_dict(state["batches"])
     from accel.ranks import rank
 
-    ranks = state.get("rng_ranks") or []
-    set_random_states(ranks[rank()] if rank() < len(ranks) else state["rng"])
+    per_rank = state.get("rng_ranks") or []  # several ranks: each its own
+    set_random_states(per_rank[rank()] if rank() < len(per_rank) else state["rng"])
 
 
 @contextlib.contextmanager

@@ -65,9 +65,10 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         # The checkpoint (after every draw of randomness this epoch makes) before the epoch's
         # metrics: a run stopped between the two logs them when it resumes, so every epoch is
         # logged exactly once.
-        from accel.train.checkpoint import random_states
+        if ranks.world_size() > 1:  # the checkpoint holds every rank's random states
+            from accel.train.checkpoint import random_states
 
-        parts.rank_random_states = ranks.gathered(random_states())  # ranks > 1: each
+            parts.rank_random_states = ranks.gathered(random_states())
         run.last_state(parts)
         run.metrics(row, step=trainer.state.epoch)
         hit = time_to_target(cfg.train.target, parts.history)
@@ -90,7 +91,7 @@ def prune(pruning, evaluator) -> None:
     try:
         if pruning is not None:
             pruning(evaluator)
-    except Exception as e:  # optuna.TrialPruned
+    except Exception as e:  # optuna.TrialPruned, or the storage's error: rank 0 raises it
         pruned = e
     if ranks.rank_zero_decides(pruned is not None):
         raise pruned if pruned is not None else ranks.Stopped("rank 0 ended the run")
