@@ -343,9 +343,6 @@ def build_data(cfg: Config, device: torch.device) -> Data:
 
     d, t = cfg.data, cfg.train
     if d.on_device:
-        if ranks.world_size() > 1:
-            raise ConfigError("train.nproc_per_node > 1 reads the data through loaders: set "
-                              "data.on_device=false")
         return _resident(cfg, device, train_ds, val_ds, test_ds, classes, in_chans, size)
     common = dict(
         num_workers=d.num_workers,

@@ -79,10 +79,15 @@ def shards(n: int, generator: torch.Generator, batch_size: int) -> ShardedShuffl
     """This rank's sampler of the training images; None for one process (torch's shuffle)."""
     if world_size() == 1:
         return None
+    check_fits(n, batch_size)
+    return ShardedShuffle(n, generator, rank(), world_size(), batch_size)
+
+
+def check_fits(n: int, batch_size: int) -> None:
+    """Refuses a global batch (world x batch_size) larger than the `n` training images."""
     if n < world_size() * batch_size:
         raise ConfigError(f"train.nproc_per_node={world_size()} x train.batch_size={batch_size}"
                           f" is more than the {n} training images")
-    return ShardedShuffle(n, generator, rank(), world_size(), batch_size)
 
 
 def eval_shard(n: int) -> range | None:

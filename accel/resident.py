@@ -8,6 +8,10 @@ exactly, as `accel.train.checkpoint.Batches` expects), then each batch is one ga
 augmentation is torchvision's `RandomCrop(size, padding=size // 8)` (zero padding) followed by
 `RandomHorizontalFlip()`, the same as the DataLoader path. On a CPU the split lives in memory and
 only the per-batch, vectorised augmentation differs from `data.in_memory=true`.
+
+In a data-parallel run (accel.ranks) every rank draws the same pass and takes its share of each
+global batch (world x batch_size images), as `accel.ranks.ShardedShuffle` does for a DataLoader;
+an evaluation split is cut to every world-th image beforehand.
 """
 
 from __future__ import annotations
@@ -21,14 +25,17 @@ class ResidentLoader:
     """Batches of a split that lives on `device`. Images are uint8 [N, C, H, W] (normalised per
     batch with `mean`/`std` in [0, 1] units) or float tensors already normalised (`mean=None`).
 
-    `pad > 0` augments: a random crop of the zero-padded image and a random horizontal flip."""
+    `pad > 0` augments: a random crop of the zero-padded image and a random horizontal flip.
+    `rank` of `world` takes positions rank, rank + world, ... of each global batch."""
 
     pin_memory = False  # nothing to copy: the batches are made where the model is
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, dataset, batch_size: int,
                  device: torch.device, mean=None, std=None, pad: int = 0, shuffle: bool = False,
-                 drop_last: bool = False, generator: torch.Generator | None = None):
+                 drop_last: bool = False, generator: torch.Generator | None = None,
+                 rank: int = 0, world: int = 1):
         self.images, self.labels = images.to(device), labels.to(device)
+        self.rank, self.world = rank, world
         self.dataset = dataset  # the source (lineage digests read it as for a DataLoader)
         self.batch_size, self.device, self.pad = batch_size, device, pad
         self.shuffle, self.drop_last, self.generator = shuffle, drop_last, generator
@@ -39,7 +46,7 @@ class ResidentLoader:
             self.scale = (torch.tensor(std, device=device) * 255).view(shape)
 
     def __len__(self) -> int:
-        n, b = len(self.labels), self.batch_size
+        n, b = len(self.labels), self.batch_size * self.world
         return n // b if self.drop_last else -(-n // b)
 
     def draws(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -55,8 +62,9 @@ class ResidentLoader:
     def __iter__(self):
         order, offsets, flips = (t.to(self.device) if t is not None else None
                                  for t in self.draws())
+        step = self.batch_size * self.world  # one update's images, all ranks together
         for i in range(len(self)):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            idx = order[i * step:(i + 1) * step][self.rank::self.world]
             x = self.images[idx]
             if offsets is not None:
                 x = crop_flip(x, self.pad, offsets[idx], flips[idx])
@@ -98,8 +106,16 @@ def tensors_of(ds) -> tuple[torch.Tensor, torch.Tensor, dict]:
 
 def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
                     seed: int = 0) -> ResidentLoader:
-    """A split of `accel.data` as a `ResidentLoader`; training: shuffled, augmented, seeded."""
+    """A split of `accel.data` as a `ResidentLoader`; training: shuffled, augmented, seeded.
+    Several ranks: training shares each global batch out, evaluation takes every world-th image."""
+    from accel import ranks
+
     images, labels, spec = tensors_of(ds)
+    rank, world = ranks.rank(), ranks.world_size()
+    if train and world > 1:
+        ranks.check_fits(len(labels), batch_size)
+    elif world > 1:
+        images, labels = images[rank::world], labels[rank::world]
     pad, size = spec.pop("pad", 0), spec.pop("size", None)
     pad = pad if train else 0  # evaluation: no augmentation
     images = images.to(device)
@@ -110,5 +126,6 @@ def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
     return ResidentLoader(
         images, labels, dataset=ds, batch_size=batch_size, device=device, pad=pad,
         shuffle=train, drop_last=train and len(labels) > batch_size,
-        generator=torch.Generator().manual_seed(seed) if train else None, **spec,
+        generator=torch.Generator().manual_seed(seed) if train else None,
+        rank=rank if train else 0, world=world if train else 1, **spec,
     )

@@ -54,13 +54,14 @@ def trained(overrides: list[str], store: str, monkeypatch) -> tuple[object, torc
     return result, parts[-1].bare
 
 
-@pytest.mark.parametrize("accumulation", [1, 2])
-def test_two_ranks_at_b_train_the_weights_one_process_trains_at_2b(accumulation, tmp_path,
-                                                                    monkeypatch):
+@pytest.mark.parametrize(("accumulation", "on_device"), [(1, False), (2, False), (2, True)],
+                         ids=["loader", "loader-accumulated", "resident-accumulated"])
+def test_two_ranks_at_b_train_the_weights_one_process_trains_at_2b(accumulation, on_device,
+                                                                    tmp_path, monkeypatch):
     store = new_store(tmp_path)
-    steps = f"train.accumulation_steps={accumulation}"
-    one, one_model = trained(["train.batch_size=16", steps], store, monkeypatch)
-    two, two_model = trained(["train.batch_size=8", steps, "train.nproc_per_node=2",
+    same = [f"train.accumulation_steps={accumulation}", f"data.on_device={on_device}"]
+    one, one_model = trained(["train.batch_size=16", *same], store, monkeypatch)
+    two, two_model = trained(["train.batch_size=8", *same, "train.nproc_per_node=2",
                               "tracking.experiment=two"], store, monkeypatch)
     for name, weight in one_model.state_dict().items():
         other = two_model.state_dict()[name]
@@ -253,3 +254,51 @@ def test_a_resumed_two_rank_run_whose_best_epoch_came_before_scores_it_on_every_
     assert "scored with the last epoch's weights" not in out.stderr
     run = MlflowClient(store).get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["best_epoch"] < 3
+
+
+def test_under_torchrun_rank_zero_logs_the_run_its_world_size_trained(tmp_path):
+    """`torchrun --nproc-per-node 2 -m accel train ...`: the ranks exist already; one MLflow run,
+    torchrun's world size logged as train.nproc_per_node (so the effective batch is 2 x 8), one
+    summary printed, and the same curve as one process at batch 16."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import ROOT, cli_main
+
+    store = new_store(tmp_path)
+    code, _, err = cli_main("train", *NO_BATCHNORM, "train.batch_size=16",
+                            "tracking.experiment=one", "--tracking-uri", store)
+    assert code == 0, err[-3000:]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    out = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "accel", "train",
+         *NO_BATCHNORM, "train.batch_size=8", "tracking.experiment=torchrun",
+         "--tracking-uri", store],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [line.split(":")[0] for line in out.stdout.splitlines()] == [
+        f"run {run.info.run_id}" for run in MlflowClient(store).search_runs(
+            [MlflowClient(store).get_experiment_by_name("torchrun").experiment_id])]
+    client = MlflowClient(store)
+
+    def only(experiment):
+        [run] = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+        return run, [m.value for m in client.get_metric_history(run.info.run_id, "val_loss")]
+
+    (run, logged), (_, expected) = only("torchrun"), only("one")
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.nproc_per_node"] == "2"
+    assert run.data.params["effective_batch_size"] == "16"
+    assert len(logged) == 2 and logged == pytest.approx(expected, rel=1e-5)
+
+
+def test_under_torchrun_a_different_nproc_and_tune_are_refused(monkeypatch):
+    from tests.conftest import cli_main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    code, _, err = cli_main("train", *NO_BATCHNORM, "--nproc-per-node", "4")
+    assert code == 2 and "train.nproc_per_node=4 but torchrun started 2 ranks" in err, err
+    code, _, err = cli_main("tune", *NO_BATCHNORM)
+    assert code == 2 and "run it without torchrun, with --nproc-per-node N" in err, err

@@ -115,6 +115,50 @@ def test_augmentation_is_a_padded_crop_then_a_flip_with_every_offset_drawn():
     assert len(seen) >= 45  # of the 5 x 5 x 2 = 50 (offset, flip) draws, over 400 images
 
 
+def test_two_ranks_batches_together_are_one_process_batches_at_twice_the_size():
+    """Each rank's share of an update, augmentation included, joined rank by rank, is the batch
+    one process at 2b draws from the same seed; a pass drops the same images both ways."""
+    n, b = 70, 8
+    images = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8)
+
+    def batches(size, rank=0, world=1):
+        loader = ResidentLoader(images, torch.arange(n), dataset=None, batch_size=size,
+                                device=CPU, mean=(0.5,) * 3, std=(0.25,) * 3, pad=2,
+                                shuffle=True, drop_last=True, rank=rank, world=world,
+                                generator=torch.Generator().manual_seed(3))
+        return list(loader)
+
+    one, ranks = batches(2 * b), [batches(b, r, 2) for r in range(2)]
+    assert len(one) == len(ranks[0]) == len(ranks[1]) == n // (2 * b)
+    for whole, *shares in zip(one, *ranks, strict=True):
+        xs, ys = zip(*shares, strict=True)
+        assert all(len(y) == b for y in ys)
+        order = torch.stack(ys, 1).flatten()  # positions r, r + 2, ... were rank r's
+        assert torch.equal(order, whole[1])
+        assert torch.equal(torch.stack(xs, 1).flatten(0, 1), whole[0])
+    assert set(torch.cat([y for _, y in ranks[0]]).tolist()).isdisjoint(
+        torch.cat([y for _, y in ranks[1]]).tolist())
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["loader", "resident"])
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_two_ranks_score_every_evaluation_image_once(folder, split, on_device, monkeypatch):
+    """9 val and 6 test images on 2 ranks: rank 0 gets 5 and 3, rank 1 gets 4 and 3; together
+    the whole split, none twice (Ignite's metrics add the ranks' counts up)."""
+    from accel import ranks
+
+    monkeypatch.setattr(ranks, "world_size", lambda: 2)
+    shares = []
+    for r in (0, 1):
+        monkeypatch.setattr(ranks, "rank", lambda r=r: r)
+        data = build_data(image_cfg(folder, "data.augment=false", "train.batch_size=4",
+                                    f"data.on_device={on_device}"), CPU)
+        shares.append(one_pass(getattr(data, split)))
+    whole = every_sample(getattr(data, split).dataset)
+    assert [sum(s.values()) for s in shares] == {"val": [5, 4], "test": [3, 3]}[split]
+    assert shares[0] + shares[1] == whole and not shares[0] & shares[1]
+
+
 def test_crop_flip_zero_offsets_no_flip_is_the_padded_corner():
     x = torch.arange(2 * 1 * 3 * 3, dtype=torch.uint8).view(2, 1, 3, 3)
     out = crop_flip(x, 1, torch.tensor([[1, 1], [0, 2]]), torch.tensor([False, True]))
