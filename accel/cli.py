@@ -37,7 +37,7 @@ def load_config(items: list[str]) -> Config:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from accel.train import describe, train
+    from accel.train import describe, launch, train
 
     # a named experiment keeps its name on other data
     named = [f"tracking.experiment={args.experiment}"] if args.experiment else []
@@ -45,13 +45,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.tracking_uri:
         cfg.tracking.uri = args.tracking_uri
     result = train(cfg)
-    print(describe(result))
+    if not launch.torchrun_follower():  # under torchrun rank 0 alone reports
+        print(describe(result))
     return 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from accel import tune
+    from accel.train import launch
 
+    if launch.torchrun():
+        raise ConfigError("accel tune starts each trial's ranks itself: run it without torchrun,"
+                          " with --nproc-per-node N")
     return tune.cli_tune(args, load_config([*args.items, *_nproc(args)]))
 
 

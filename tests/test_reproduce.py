@@ -233,6 +233,7 @@ def test_environment_diff_names_each_difference():
         "cuda": None,
         "seed": 0,
         "git_dirty": True,
+        "gpu_count": 2,
         "packages": {"timm": "1.0.20", "mlflow": "3.17.2"},
     }
     current = {
@@ -240,10 +241,14 @@ def test_environment_diff_names_each_difference():
         "cuda": None,
         "seed": 1,
         "git_dirty": True,
+        "gpu_count": 1,
+        "torch_interop_threads": 2,  # recorded since: not a difference
         "packages": {"timm": "1.0.21", "mlflow": "3.17.2"},
     }
     lines = environment_diff(logged, current)
     assert any("torch: 2.14.1 in the run, 2.15.0 here" in x for x in lines)
+    assert any("gpu_count: 2 in the run, 1 here" in x for x in lines)
+    assert not any("interop" in x for x in lines)
     assert any("package timm: 1.0.20 in the run, 1.0.21 here" in x for x in lines)
     assert any("uncommitted" in x for x in lines)
     assert not any("seed" in x or "mlflow" in x or "cuda" in x for x in lines)

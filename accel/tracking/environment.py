@@ -67,6 +67,7 @@ def environment(device: str, seed: int) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,  # a run's ranks need one each
         "device": device,
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
@@ -78,10 +79,11 @@ def environment(device: str, seed: int) -> dict[str, Any]:
 
 
 def environment_diff(logged: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """One line per entry that differs, package versions one by one."""
+    """One line per entry that differs, package versions one by one. An entry the run did not
+    record (an older accel) is no difference."""
     lines = []
     for key in sorted(set(logged) | set(current)):
-        if key in ENV_IGNORED:
+        if key in ENV_IGNORED or key not in logged:
             continue
         old, new = logged.get(key), current.get(key)
         if isinstance(old, dict) or isinstance(new, dict):

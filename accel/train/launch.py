@@ -38,8 +38,24 @@ def backend(device: str) -> str:
     return "nccl" if resolve_device(device).type == "cuda" else "gloo"
 
 
-def _torchrun() -> bool:
+def torchrun() -> bool:
+    """Whether torchrun started this process as one rank of several (its environment says)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def torchrun_follower() -> bool:
+    """A rank other than 0 of a torchrun group: it trains, rank 0 logs and speaks."""
+    return torchrun() and os.environ["RANK"] != "0"
+
+
+def _torchruns_world(cfg: Config) -> None:
+    """torchrun's world size as the run's `train.nproc_per_node` (what it logs and a reproduce
+    reruns: one process per rank on one node); a config that asked for another is refused."""
+    world, asked = int(os.environ["WORLD_SIZE"]), cfg.train.nproc_per_node
+    if asked not in (1, world):
+        raise ConfigError(f"train.nproc_per_node={asked} but torchrun started {world} ranks: "
+                          f"leave it out under torchrun, or set it to {world}")
+    cfg.train.nproc_per_node = world
 
 
 @contextlib.contextmanager
@@ -52,7 +68,8 @@ def ranks(cfg: Config, resume=None):
     if idist.get_world_size() > 1:  # a follower, or a process that made its group itself
         yield
         return
-    if _torchrun():
+    if torchrun():
+        _torchruns_world(cfg)
         idist.initialize(backend(cfg.train.device))
         try:
             yield
