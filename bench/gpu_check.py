@@ -17,7 +17,10 @@ each step with its own timeout and all within `BUDGET_S` (8 minutes):
 
 1. gpu_tests  the `gpu`-marked tests;
 2. ablate     GA / AMP / PM / resident data on ResNet50, a CIFAR-10 subset, 3 epochs;
-3. fast       experiments/cifar10_fast.yaml to 94% val accuracy (time_to_target_s).
+3. fast       experiments/cifar10_fast.yaml to 94% val accuracy (time_to_target_s);
+4. ddp        where the machine has two or more GPUs: `accel ablate --techniques ddp,amp`, the
+              same runs on one GPU and data parallel on all (`train.nproc_per_node`); with one
+              GPU (or a dry run) a "skipped" row says why.
 
 It writes OUT/gpu_check.md (date, device, versions, a row per step, the ablation's own table, the
 fast recipe's numbers) and OUT/<step>.log, and exits 1 if any step failed or timed out.
@@ -73,10 +76,12 @@ CARRIED = (
     "pytorch-ignite", "optuna", "optuna-integration", "colorlog",
 )
 
-STEP_NAMES = ("gpu_tests", "ablate", "fast")
+STEP_NAMES = ("gpu_tests", "ablate", "fast", "ddp")
 BUDGET_S = 470  # the whole check on the GPU machine, setup included: it ends within 8 minutes
-TIMEOUTS = (60, 230, 150)  # seconds: gpu_tests, ablate, fast (setup takes about 30)
-DRY_BUDGET_S, DRY_TIMEOUTS = 240, (60, 90, 60)
+# seconds: gpu_tests, ablate, fast, ddp (setup takes about 30); ddp runs only on several GPUs,
+# in what the others left of the budget
+TIMEOUTS = (60, 230, 150, 100)
+DRY_BUDGET_S, DRY_TIMEOUTS = 240, (60, 90, 60, 60)
 GRACE_S = 10  # SIGTERM, then this long before SIGKILL: accel marks its MLflow run KILLED
 # CIFAR-10 training images per ablation run: 12 runs (16 combinations, pm+resident n/a) x 3
 # epochs, ResNet50 at 32 px; with GA its micro-batches of 32 are launch-bound on any GPU.
@@ -188,13 +193,14 @@ class Step:
     argv: list[str]
     timeout: float
     summarize: Callable[[str, dict], Summary]  # (its log, the env) -> what it showed
+    skip: str = ""  # why this machine does not run it (a "skipped" row), or "" to run it
 
 
 @dataclass
 class Row:
     step: str
     command: str
-    status: str  # "ok" or "FAILED"
+    status: str  # "ok", "FAILED" or "skipped"
     seconds: float
     numbers: str
     tail: list[str] = field(default_factory=list)  # a failed step's last output lines
@@ -202,8 +208,8 @@ class Row:
 
 
 def steps(py: str, dry: bool, data_root: Path, train_limit: int,
-          fast_config: str) -> list[Step]:
-    """The three steps: full size on the GPU, tiny on CPU for a dry run."""
+          fast_config: str, gpus: int = 1) -> list[Step]:
+    """The four steps: full size on the GPU, tiny on CPU for a dry run; ddp with `gpus` >= 2."""
     if dry:
         tests = [py, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                  "tests"]
@@ -220,9 +226,14 @@ def steps(py: str, dry: bool, data_root: Path, train_limit: int,
               *ablate_data, "--repeats", "1"]
     fast = [py, "-m", "accel", "train", fast_config, *fast_data,
             f"train.target={{metric: val_accuracy, value: {target}}}", "train.stop_at_target=true"]
+    ddp = [py, "-m", "accel", "ablate", ABLATE_CONFIG, "--techniques", "ddp,amp", *ablate_data,
+           "--repeats", "1"]
+    one = "a dry run on CPU" if dry else "this machine has one GPU"
     return [Step("gpu_tests", tests, timeouts[0], lambda text, env: summarize_tests(text, dry)),
             Step("ablate", ablate, timeouts[1], lambda text, env: summarize_ablation(text)),
-            Step("fast", fast, timeouts[2], lambda text, env: summarize_fast(text, env, target))]
+            Step("fast", fast, timeouts[2], lambda text, env: summarize_fast(text, env, target)),
+            Step("ddp", ddp, timeouts[3], lambda text, env: summarize_ablation(text),
+                 skip="" if gpus >= 2 else f"skipped: {one}; ddp needs two or more GPUs")]
 
 
 def techniques(dry: bool) -> str:
@@ -239,6 +250,9 @@ def run_step(step: Step, env: dict, out: Path, deadline: float) -> Row:
     command = shown(step.argv, env)
     timeout = min(step.timeout, deadline - time.monotonic() - GRACE_S)
     log = out / f"{step.name}.log"
+    if step.skip:
+        log.write_text(f"{step.skip}\n")
+        return Row(step.name, command, "skipped", 0.0, step.skip)
     if timeout < 5:
         log.write_text("not started: the check's time budget was spent\n")
         return Row(step.name, command, "FAILED", 0.0, "not started: no time left")
@@ -482,6 +496,12 @@ def cuda_problem() -> str | None:
     return None
 
 
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def machine(dry: bool) -> list[str]:
     """Date, device, versions, commit: the report's provenance lines."""
     import torch
@@ -521,10 +541,12 @@ def report(out: Path, rows: list[Row], provenance: list[str], wall: float) -> Pa
         if r.tail:
             lines += ["", f"## {r.step}: FAILED, last lines of {r.step}.log", "", "```",
                       *r.tail, "```"]
-    titles = {"ablate": "Ablation (step ablate)", "fast": "Fast recipe (step fast)"}
+    titles = {"ablate": "Ablation (step ablate)", "fast": "Fast recipe (step fast)",
+              "ddp": "Several GPUs (step ddp)"}
     for r in rows:
         if r.step in titles:
-            lines += ["", f"## {titles[r.step]}", "", r.section or "(no numbers: the step failed)"]
+            none = f"({r.numbers})" if r.status == "skipped" else "(no numbers: the step failed)"
+            lines += ["", f"## {titles[r.step]}", "", r.section or none]
     path = out / "gpu_check.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -542,7 +564,8 @@ def check(out: Path, dry: bool, train_limit: int, fast_config: str,
         env = child_env(work, dry)
         rows = [setup(work, dry, out, env)]
         data_root = work / "cache" / "cifar10-jpeg"  # what accel.shared_data extracts
-        for step in steps(sys.executable, dry, data_root, train_limit, fast_config):
+        gpus = 0 if dry else gpu_count()
+        for step in steps(sys.executable, dry, data_root, train_limit, fast_config, gpus):
             if only and step.name not in only:
                 continue
             rows.append(run_step(step, env, out, deadline))
@@ -551,8 +574,10 @@ def check(out: Path, dry: bool, train_limit: int, fast_config: str,
         path = report(out, rows, machine(dry), time.monotonic() - began)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    failed = [r.step for r in rows if r.status != "ok"]
-    print(f"{path}: {len(rows) - len(failed)} of {len(rows)} steps ok"
+    failed = [r.step for r in rows if r.status == "FAILED"]
+    skipped = [r.step for r in rows if r.status == "skipped"]
+    print(f"{path}: {sum(r.status == 'ok' for r in rows)} of {len(rows)} steps ok"
+          + (f"; skipped: {', '.join(skipped)}" if skipped else "")
           + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

@@ -206,6 +206,58 @@ def test_resident_on_puts_the_data_on_the_device_and_makes_pm_na():
     assert "resident on = data.on_device=true" in header and "in memory" in header
 
 
+def test_ddp_on_shares_each_micro_batch_over_every_gpu_and_is_na_with_one(monkeypatch):
+    from accel.ablation.report import describe_plan
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cfg = tiny("train.epoch_length=6")  # batch 16
+    plan, by_name = configs(cfg, ("ga", "ddp"), torch.device("cuda"))  # a two-GPU machine
+    assert plan.ranks == 2
+    shapes = {name: (c.train.batch_size, c.train.accumulation_steps, c.train.nproc_per_node,
+                     c.train.epoch_length) for name, c in by_name.items()}
+    assert shapes == {"baseline": (16, 1, 1, 6), "ga": (4, 4, 1, 24), "ddp": (8, 1, 2, 6),
+                      "ga+ddp": (2, 4, 2, 24)}
+    assert {c.train.effective_batch_size for c in by_name.values()} == {16}
+    assert not any(A.not_applicable(c, plan) for c in A.combinations(("ga", "ddp")))
+    assert "ddp on = 2 ranks" in describe_plan(cfg, plan, 1, "2 GPUs")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    with pytest.raises(ConfigError, match="micro-batch 4 or 16 does not split into 3 ranks"):
+        A.make_plan(cfg, ("ga", "ddp"), torch.device("cuda"))
+
+    for device, where in ((CPU, "n/a on cpu"), (torch.device("cuda"), "n/a on one GPU")):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        one, by_name = configs(cfg, ("ddp",), device)
+        assert one.ranks == 1 and by_name["ddp"].train.nproc_per_node == 1
+        reason = A.not_applicable(A.combinations(("ddp",))[1], one)
+        assert reason.startswith(where) and "same run as baseline" in reason
+        assert "ddp: n/a" in describe_plan(cfg, one, 1, "here")
+
+
+def test_ddp_on_trains_the_run_on_two_ranks_with_the_same_result(monkeypatch):
+    """The `ddp` combination really runs data parallel (two gloo ranks here, standing in for two
+    GPUs): on a model without BatchNorm it ends with the one-process run's accuracy and loss."""
+    import accel.train as training
+    from accel.ablation import plan as ablation_plan
+    from tests.test_distributed import NO_BATCHNORM
+
+    monkeypatch.setattr(ablation_plan, "gpus", lambda device: 2)
+    seen, real = [], training.train
+
+    def train_and_note(cfg, **kwargs):
+        seen.append(cfg.train.nproc_per_node)
+        return real(cfg, **kwargs)
+
+    monkeypatch.setattr(training, "train", train_and_note)
+    cfg = config.load(None, [*NO_BATCHNORM, "train.batch_size=16"])
+    result = A.run_ablation(cfg, ("ddp",), 1)
+    assert sorted(seen) == [1, 2]
+    rows = {row.combo.name: row for row in result.rows}
+    assert rows["baseline"].status == rows["ddp"].status == "ok"
+    by = {r.combination: r for r in result.records}
+    assert by["ddp"].val_accuracy == by["baseline"].val_accuracy
+    assert by["ddp"].epochs == by["baseline"].epochs == 2
+
+
 def test_time_to_target_is_tabulated_per_combination_when_a_target_is_set():
     cfg = tiny("train.target={metric: val_accuracy, value: 0.2}")
     plan = A.make_plan(cfg, ("ga",), CPU)

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "bench" / "gpu_check.py"
-STEPS = ("setup", "gpu_tests", "ablate", "fast")
+STEPS = ("setup", "gpu_tests", "ablate", "fast", "ddp")
 
 
 def run_check(tmp_path: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
@@ -68,6 +68,9 @@ def test_dry_run_runs_every_step_on_cpu_and_reports_real_numbers(tmp_path):
     assert "dry run on CPU" in report
     rows = {r["step"]: r for r in table(report, "step")}
     assert tuple(rows) == STEPS
+    ddp = rows.pop("ddp")  # several GPUs only: a row that says why it did not run
+    assert ddp["status"] == "skipped" and "ddp needs two or more GPUs" in ddp["key numbers"]
+    assert "--techniques ddp,amp" in ddp["command"]
     for step, row in rows.items():
         assert row["status"] == "ok", (step, row)
         if step != "setup":

@@ -12,6 +12,9 @@ switch means on this device for this config, and the order the runs go in.
         in memory, augmented in batches" (no copy to save), and the header says so; with it on,
         `pm` has no copies to speed, so those combinations are n/a.
 - `channels_last`, `compile`  the memory-format and `torch.compile` switches.
+- `ddp` the effective batch shared out over every GPU of the machine, one rank each
+        (`train.nproc_per_node`, accel.train.launch); off, one GPU. With fewer than two GPUs
+        its combinations are n/a, with a line that says so.
 
 Every combination trains with the same data, seed, epochs and effective batch size.
 """
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from accel.config import Config
 from accel.errors import ConfigError
 
-TECHNIQUES = ("ga", "amp", "pm", "resident", "channels_last", "compile")
+TECHNIQUES = ("ga", "amp", "pm", "resident", "channels_last", "compile", "ddp")
 DEFAULT_GA_STEPS = 4  # micro-batches per update for `ga` when the config itself does not use GA
 BASELINE = "baseline"
 
@@ -84,6 +87,7 @@ class AblationPlan:
     updates_per_epoch: int | None  # None: the whole training set every epoch
     amp: str  # the autocast dtype of `amp` on: "bf16" or "fp16"
     target: dict  # train.target ({metric, value}) or {}: the table adds time to target
+    ranks: int = 1  # processes of `ddp` on: the machine's GPUs (1: ddp is n/a here)
 
     def micro_batch(self, ga: bool) -> int:
         return self.effective_batch // self.ga_steps if ga else self.effective_batch
@@ -98,12 +102,24 @@ def make_plan(cfg: Config, techniques: tuple[str, ...], device) -> AblationPlan:
             f"ga: effective batch {effective} (train.batch_size x train.accumulation_steps) "
             f"does not split into {ga_steps} equal micro-batches; pick sizes that divide"
         )
+    ranks = gpus(device) if "ddp" in techniques else 1
+    micro = {effective, effective // ga_steps} if "ga" in techniques else {t.batch_size}
+    if any(m % ranks for m in micro):
+        raise ConfigError(f"ddp: micro-batch {' or '.join(map(str, sorted(micro)))} does not "
+                          f"split into {ranks} ranks; pick sizes that divide")
     updates = None
     if t.epoch_length is not None:  # epoch_length counts the config's own micro-batches
         updates = math.ceil(t.epoch_length / t.accumulation_steps)
     amp = amp_dtype(t.amp, device) if "amp" in techniques else t.amp
     return AblationPlan(techniques, device.type, effective, ga_steps, updates, amp,
-                        dict(t.target))
+                        dict(t.target), ranks)
+
+
+def gpus(device) -> int:
+    """The GPUs `ddp` on trains with: all the machine's, on a CUDA run; one on a CPU run."""
+    import torch
+
+    return torch.cuda.device_count() if device.type == "cuda" else 1
 
 
 def amp_dtype(mode: str, device) -> str:
@@ -125,6 +141,10 @@ def not_applicable(combo: Combination, plan: AblationPlan) -> str | None:
     if "pm" in combo.on and plan.device != "cuda":
         return (f"n/a on {plan.device}: pinned memory only speeds host-to-accelerator copies "
                 f"(same run as {combo.without('pm').name})")
+    if "ddp" in combo.on and plan.ranks < 2:
+        where = "one GPU" if plan.device == "cuda" else plan.device
+        return (f"n/a on {where}: ddp needs two or more GPUs "
+                f"(same run as {combo.without('ddp').name})")
     if "pm" in combo.on and "resident" in combo.on:
         return (f"n/a: resident data makes no host-to-device copies "
                 f"(same run as {combo.without('pm').name})")
@@ -141,6 +161,9 @@ def combination_config(base: Config, combo: Combination, plan: AblationPlan) -> 
         t.accumulation_steps = plan.ga_steps if ga else 1
         if plan.updates_per_epoch is not None:  # the same images per epoch either way
             t.epoch_length = plan.updates_per_epoch * t.accumulation_steps
+    if "ddp" in combo.on:  # the same micro-batch, shared out: every update sees the same images
+        t.batch_size //= plan.ranks
+        t.nproc_per_node = plan.ranks
     if "amp" in chosen:
         t.amp = plan.amp if "amp" in combo.on else "off"
     if "pm" in chosen:

@@ -105,7 +105,9 @@ def summarize(combos: list[Combination], records: list[RunRecord],
 def _technique_cell(row: Row, technique: str, plan: AblationPlan) -> str:
     if technique not in row.combo.on:
         return "off"
-    return "n/a" if technique == "pm" and plan.device != "cuda" else "on"
+    if technique == "pm" and plan.device != "cuda" or technique == "ddp" and plan.ranks < 2:
+        return "n/a"
+    return "on"
 
 
 def _speedup_cell(row: Row) -> str:
@@ -260,6 +262,11 @@ def describe_plan(cfg: Config, plan: AblationPlan, repeats: int, device_name: st
                  if plan.device == "cpu" else "on the GPU, augmented there in batches")
         lines.append(f"resident on = data.on_device=true: each split one tensor {where}; "
                      f"off = the config's DataLoader (data.in_memory={cfg.data.in_memory})")
+    if "ddp" in plan.techniques:
+        lines.append(f"ddp on = {plan.ranks} ranks, one GPU each, each micro-batch shared out"
+                     " among them; off = one process"
+                     if plan.ranks > 1 else
+                     f"ddp: n/a on {plan.device}, which has fewer than two GPUs")
     if plan.target:
         lines.append(f"time to target = training seconds (evaluation excluded) until the first "
                      f"epoch with {target_name(plan.target)}; median over the runs reaching it")
