@@ -15,22 +15,24 @@ from typing import Any
 
 import yaml
 
+from accel.config_checks import (  # noqa: F401 (the allowed values, and the checks)
+    AMP_MODES,
+    COST_METRICS,
+    DATASETS,
+    DEVICES,
+    DIRECTIONS,
+    METRICS,
+    OPTIMIZERS,
+    PRUNERS,
+    SAMPLERS,
+    SCHEDULERS,
+    TTA_MODES,
+    objectives,
+)
+from accel.config_checks import check as validate
 from accel.config_types import coerce
 from accel.errors import ConfigError
 
-DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
-AMP_MODES = ("off", "auto", "bf16", "fp16")
-OPTIMIZERS = ("adam", "adamw", "sgd", "nesterov")
-SCHEDULERS = ("cosine", "linear", "constant")
-TTA_MODES = ("none", "flip", "multicrop")
-DEVICES = ("auto", "cpu", "cuda")
-METRICS = ("val_accuracy", "val_loss", "val_f1")  # what the evaluator reports after every epoch
-# A run's costs, for multi-objective studies: total training seconds (evaluation excluded),
-# mean images per second, peak memory (MB).
-COST_METRICS = ("train_time_s", "train_throughput", "peak_memory_mb")
-DIRECTIONS = ("maximize", "minimize")
-SAMPLERS = ("tpe", "random", "nsga2")
-PRUNERS = ("median", "hyperband", "none")
 DEFAULT_CONFIG = Path("experiments/quickstart.yaml")
 SPACE_KEY = "search.space"  # a mapping of dotted keys: flattened into params (config_params)
 
@@ -82,6 +84,10 @@ class TrainConfig:
     # as for every norm and bias); frozen weights stay 1 (the scale is left to the next conv)
     bn_bias_lr_scale: float = 1.0
     bn_weight_frozen: bool = False
+    # an exponential moving average of the weights (and BatchNorm statistics), updated after
+    # every optimizer update with this decay (torch.optim.swa_utils): what is evaluated, kept as
+    # the best epoch's weights and logged as the model; None = off
+    ema_decay: float | None = None
     seed: int = 0
     device: str = "auto"
     channels_last: bool = False
@@ -306,95 +312,3 @@ def follow_the_data(cfg: Config, dataset_before: str, keys: set[str], path) -> N
                f"{dataset_before}; the new data's own image size is used (set model.img_size=N "
                "to choose one)")
     cfg.model.img_size = None
-
-
-def objectives(s: SearchConfig) -> list[tuple[str, str]]:
-    """The study's (metric, direction) pairs: `search.objectives`, else the one metric."""
-    return [(o["metric"], o["direction"]) for o in s.objectives] or [(s.metric, s.direction)]
-
-
-def _check_objectives(s: SearchConfig) -> None:
-    if not s.objectives:
-        return
-    if not isinstance(s.objectives, list) or len(s.objectives) < 2:
-        raise ConfigError(f"search.objectives={s.objectives!r}: list two or more "
-                          "{metric, direction}; for one, use search.metric and search.direction")
-    for i, o in enumerate(s.objectives):
-        where = f"search.objectives[{i}]"
-        if not isinstance(o, dict) or set(o) != {"metric", "direction"}:
-            raise ConfigError(f"{where}={o!r}: expected {{metric: ..., direction: ...}}")
-        _choice(f"{where}.metric", o["metric"], METRICS + COST_METRICS)
-        _choice(f"{where}.direction", o["direction"], DIRECTIONS)
-    names = [o["metric"] for o in s.objectives]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"search.objectives: a metric is listed twice ({', '.join(names)})")
-    if s.pruner != "none":
-        raise ConfigError(f"search.pruner={s.pruner}: Optuna prunes single-objective studies "
-                          f"only; with {len(names)} objectives set search.pruner=none")
-
-
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(choices)}")
-
-
-def _require(key: str, value: Any, ok: bool, rule: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value}: {rule}")
-
-
-def validate(cfg: Config) -> None:
-    """Reject values that would fail later, with the key, the value and what is allowed."""
-    d, m, t, s = cfg.data, cfg.model, cfg.train, cfg.search
-    _choice("data.dataset", d.dataset, DATASETS)
-    _require("data.val_fraction", d.val_fraction, 0 <= d.val_fraction < 1, "must be in [0, 1)")
-    _require("data.num_workers", d.num_workers, d.num_workers >= 0, "must be >= 0")
-    _require("data.train_limit", d.train_limit, d.train_limit is None or d.train_limit >= 1,
-             "must be >= 1 or null")
-    if not m.name:
-        raise ConfigError("model.name is empty: give a timm model name, e.g. resnet18")
-    _require("model.img_size", m.img_size, m.img_size is None or m.img_size >= 1,
-             "must be >= 1 or null")
-    _require("train.epochs", t.epochs, t.epochs >= 1, "must be >= 1")
-    _require("train.batch_size", t.batch_size, t.batch_size >= 1, "must be >= 1")
-    _require("train.accumulation_steps", t.accumulation_steps, t.accumulation_steps >= 1,
-             "must be >= 1")
-    _require("train.lr", t.lr, t.lr > 0, "must be > 0")
-    _require("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be >= 0")
-    _require("train.clip_grad_norm", t.clip_grad_norm,
-             t.clip_grad_norm is None or t.clip_grad_norm > 0, "must be > 0 or null (off)")
-    _require("train.warmup_epochs", t.warmup_epochs, t.warmup_epochs >= 0, "must be >= 0")
-    _require("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1,
-             "must be in [0, 1)")
-    _require("train.bn_bias_lr_scale", t.bn_bias_lr_scale, t.bn_bias_lr_scale > 0,
-             "must be > 0")
-    _require("model.bn_momentum", cfg.model.bn_momentum,
-             cfg.model.bn_momentum is None or 0 < cfg.model.bn_momentum <= 1,
-             "must be in (0, 1] or null (the model's own)")
-    _require("train.nproc_per_node", t.nproc_per_node, t.nproc_per_node >= 1, "must be >= 1")
-    _require("train.epoch_length", t.epoch_length, t.epoch_length is None or t.epoch_length >= 1,
-             "must be >= 1 or null")
-    for key, value, choices in (
-        ("train.amp", t.amp, AMP_MODES), ("train.optimizer", t.optimizer, OPTIMIZERS),
-        ("train.scheduler", t.scheduler, SCHEDULERS), ("train.device", t.device, DEVICES),
-        ("search.metric", s.metric, METRICS), ("search.direction", s.direction, DIRECTIONS),
-        ("search.sampler", s.sampler, SAMPLERS), ("search.pruner", s.pruner, PRUNERS),
-        ("eval.tta", cfg.eval.tta, TTA_MODES),
-    ):
-        _choice(key, value, choices)
-    _check_objectives(s)
-    _check_target(t)
-
-
-def _check_target(t: TrainConfig) -> None:
-    if t.stop_at_target and not t.target:
-        raise ConfigError("train.stop_at_target=true needs train.target: {metric: ..., value: ...}")
-    if not t.target:
-        return
-    if set(t.target) != {"metric", "value"}:
-        raise ConfigError(f"train.target={t.target!r}: expected {{metric: val_accuracy, "
-                          "value: 0.9}")
-    _choice("train.target.metric", t.target["metric"], METRICS)
-    value = t.target["value"]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"train.target.value={value!r}: expected a number")
