@@ -60,6 +60,14 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optim
     )
 
 
+def moving_average(model: torch.nn.Module, decay: float):
+    """An exponential moving average of `model`'s weights and buffers (BatchNorm statistics
+    too), torch's AveragedModel: a copy, updated by `update_parameters(model)`."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+
+
 def _param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:
     """timm's two groups (decay: weights of two or more dimensions; no decay: norms, biases and
     other vectors), with the BatchNorm biases moved to a third at lr x bn_bias_lr_scale."""
@@ -160,6 +168,7 @@ class UpdateStep:
         scheduler=None,
         channels_last: bool = False,
         non_blocking: bool = False,
+        after_update: Callable[[], None] | None = None,
     ):
         self.model, self.optimizer, self.loss_fn, self.device = model, optimizer, loss_fn, device
         self.accumulation_steps = accumulation_steps
@@ -167,6 +176,7 @@ class UpdateStep:
         self.clip_grad_norm = clip_grad_norm
         self.scheduler = scheduler
         self.channels_last, self.non_blocking = channels_last, non_blocking
+        self.after_update = after_update  # e.g. a moving average of the new weights
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.updates = 0
         self.stats = EpochStats()
@@ -220,6 +230,8 @@ class UpdateStep:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.after_update is not None:
+            self.after_update()
         if self.scheduler is not None:
             self.scheduler.step()
         self.updates += 1

@@ -416,3 +416,34 @@ def test_the_batchnorm_bias_multiplier_reaches_the_optimizer_and_the_update():
     assert bn_group["lr"] / optimizer.param_groups[0]["lr"] == pytest.approx(64.0)
     plain = E.build_optimizer(model, TrainConfig(optimizer="sgd", lr=0.1))
     assert {g["lr"] for g in plain.param_groups} == {0.1}
+
+
+def test_the_moving_average_follows_each_update_not_each_micro_batch():
+    """train.ema_decay: after every optimizer update (a window of 2 micro-batches here), the
+    average moves to decay x itself + (1 - decay) x the new weights (the first update copies
+    them); BatchNorm's running statistics are averaged alike."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    averaged = E.moving_average(model, 0.75)
+    after_each: list[dict[str, torch.Tensor]] = []
+
+    def after_update():
+        averaged.update_parameters(model)
+        after_each.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    step = E.UpdateStep(model, torch.optim.SGD(model.parameters(), lr=0.5), nn.CrossEntropyLoss(),
+                        torch.device("cpu"), accumulation_steps=2, after_update=after_update)
+    trainer = E.create_trainer(step)
+    batches = [(torch.randn(8, 3), torch.randint(0, 2, (8,))) for _ in range(4)]
+    trainer.run(batches, max_epochs=1)
+    assert len(after_each) == 2 and int(averaged.n_averaged) == 2
+    final = model.state_dict()  # the last update's weights: it averaged after the step
+    assert all(torch.equal(after_each[-1][k], v) for k, v in final.items())
+    for key, value in averaged.module.state_dict().items():
+        first, second = after_each[0][key], after_each[1][key]
+        if key.endswith("num_batches_tracked"):
+            continue
+        expected = 0.75 * first + 0.25 * second
+        assert torch.allclose(value, expected, atol=1e-6), key
+    moved = [k for k in after_each[0] if not torch.equal(after_each[0][k], after_each[1][k])]
+    assert {"0.weight", "2.weight", "1.running_mean"} <= set(moved)  # the average saw updates

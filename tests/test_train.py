@@ -608,3 +608,35 @@ def test_frozen_batchnorm_weights_and_their_momentum_are_what_training_sees():
     assert torch.allclose(norms[0].running_mean, 0.6 * mean + 0.4 * batch, atol=1e-5)
     assert any(not torch.equal(m.bias, torch.zeros_like(m.bias)) for m in norms)
     parts.data.close()
+
+
+def test_the_moving_average_is_what_is_evaluated_kept_and_logged(tmp_path, monkeypatch):
+    """train.ema_decay: the validation metrics are the averaged weights' (not the trained
+    ones'), and the best epoch's weights are the average (best.pt, from which the logged model
+    is made)."""
+    import accel.train as training
+    from accel import engine
+    from tests.conftest import TINY_OVERRIDES, new_store
+
+    kept, build = [], training.build
+    monkeypatch.setattr(training, "build", lambda cfg: kept.append(build(cfg)) or kept[-1])
+    store = new_store(tmp_path)
+    cfg = config.load(None, [*TINY_OVERRIDES, "train.epochs=1", "train.ema_decay=0.8",
+                             "train.lr=0.01", f"tracking.uri={store}"])
+    result = train(cfg)
+    [parts] = kept
+    averaged, trained = parts.averaged.module, parts.bare
+    assert int(parts.averaged.n_averaged) == 6  # one per update: 6 micro-batches, no GA
+
+    def val_loss(model) -> float:
+        evaluator = engine.create_evaluator(model, 10, torch.device("cpu"))
+        return evaluator.run(parts.data.val).metrics["loss"]
+
+    assert result.history[-1]["val_loss"] == pytest.approx(val_loss(averaged), rel=1e-6)
+    assert val_loss(trained) != pytest.approx(val_loss(averaged), rel=1e-3)
+    client = mlflow.MlflowClient(store)
+    best = torch.load(client.download_artifacts(result.run_id, "checkpoint/best.pt",
+                                                str(tmp_path)), weights_only=True)
+    for name, value in averaged.state_dict().items():
+        assert torch.equal(best[name], value), name
+    assert any(not torch.equal(best[k], v) for k, v in trained.state_dict().items())

@@ -120,6 +120,7 @@ def capture(parts) -> dict[str, Any]:
         "format": FORMAT,
         "epoch": trainer.state.epoch,
         "model": parts.bare.state_dict(),
+        "averaged": parts.averaged.state_dict() if parts.averaged is not None else None,
         "optimizer": step.optimizer.state_dict(),
         "scheduler": step.scheduler.state_dict() if step.scheduler is not None else None,
         "scaler": step.scaler.state_dict() if step.scaler is not None else None,
@@ -151,12 +152,15 @@ def restore(parts, state: dict[str, Any]) -> None:
     step = parts.step
     try:
         parts.bare.load_state_dict(state["model"])
+        if parts.averaged is not None:
+            parts.averaged.load_state_dict(state["averaged"])
         step.optimizer.load_state_dict(state["optimizer"])
         if step.scheduler is not None:
             step.scheduler.load_state_dict(state["scheduler"])
         if step.scaler is not None and state["scaler"] is not None:
             step.scaler.load_state_dict(state["scaler"])
-    except (RuntimeError, KeyError, ValueError) as e:  # other shapes, layers, param groups
+    # other shapes, layers, param groups; no moving average where the config has one
+    except (RuntimeError, KeyError, ValueError, AttributeError) as e:
         raise CheckpointMismatch("the checkpoint's model or optimizer does not fit this config: "
                                  f"{one_line(e)[:200]}") from None
     parts.trainer.load_state_dict(saved)

@@ -60,8 +60,9 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         while parts.notes:
             note(parts.notes.pop(0))
         if find_best_epoch(parts.history, metric, direction) == len(parts.history):
-            parts.best_state = {k: v.detach().clone() for k, v in parts.bare.state_dict().items()}
-            run.best_weights(parts.bare)
+            weights = parts.scored.state_dict()
+            parts.best_state = {k: v.detach().clone() for k, v in weights.items()}
+            run.best_weights(parts.scored)
         # The checkpoint (after every draw of randomness this epoch makes) before the epoch's
         # metrics: a run stopped between the two logs them when it resumes, so every epoch is
         # logged exactly once.
@@ -191,5 +192,5 @@ def load_best(parts: Parts, run: RunLog) -> bool:
         warn(f"test_* are scored with the last epoch's weights: the best epoch ({best}) ran "
              "before this process and its best.pt is not in the store")
         return False
-    parts.bare.load_state_dict(state)
+    parts.scored.load_state_dict(state)
     return True

@@ -33,9 +33,15 @@ class Parts:
     history: list[dict[str, float]] = field(default_factory=list)
     best_state: dict[str, torch.Tensor] | None = None  # the best epoch's weights, this process
     rank_random_states: list | None = None  # every rank's, at the last epoch's end (ranks > 1)
+    averaged: Any = None  # train.ema_decay: a swa_utils.AveragedModel of `bare`
     notes: list[str] = field(default_factory=list)  # said once an epoch has trained: bad data
     # found in the first epoch is then the only line a failed command prints
 
+    @property
+    def scored(self) -> torch.nn.Module:
+        """The weights that are evaluated, kept as the best and logged: the moving average of
+        `bare` with train.ema_decay, else `bare` itself."""
+        return self.averaged.module if self.averaged is not None else self.bare
 
 
 def build(cfg: Config) -> Parts:
@@ -63,6 +69,7 @@ def build(cfg: Config) -> Parts:
         _said.add(few)  # once per process: a study's trials would repeat it
         notes.append(few)
     optimizer = engine.build_optimizer(model, t)
+    averaged = engine.moving_average(bare, t.ema_decay) if t.ema_decay else None
     trained = ranks.wrap(model, device)  # several ranks: DistributedDataParallel
     non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
     step = engine.UpdateStep(
@@ -77,12 +84,14 @@ def build(cfg: Config) -> Parts:
         scheduler=engine.build_scheduler(optimizer, t, epoch_length),
         channels_last=t.channels_last,
         non_blocking=non_blocking,
+        after_update=(lambda: averaged.update_parameters(bare)) if averaged else None,
     )
-    evaluator = engine.create_evaluator(model, data.num_classes, device, amp_dtype=amp_dtype,
+    scored = averaged.module if averaged is not None else model
+    evaluator = engine.create_evaluator(scored, data.num_classes, device, amp_dtype=amp_dtype,
                                         channels_last=t.channels_last, non_blocking=non_blocking,
                                         tta=cfg.eval.tta)
     return Parts(cfg, device, data, bare, step, engine.create_trainer(step), evaluator,
-                 amp_dtype, epoch_length, Batches(data.train), notes=notes)
+                 amp_dtype, epoch_length, Batches(data.train), notes=notes, averaged=averaged)
 
 
 FEW_UPDATES = 10  # updates per epoch under which a run says so

@@ -87,7 +87,7 @@ class RunLog:
         from accel.engine import unguard_convs
         from accel.tracking.model import log_torch_model, served
 
-        model = copy.deepcopy(parts.bare).cpu().eval()
+        model = copy.deepcopy(parts.scored).cpu().eval()
         unguard_convs(model)
         # In memory when the best epoch ran in this process; else best.pt (a resumed run)
         best = parts.best_state if parts.best_state is not None else self.stored_best()
