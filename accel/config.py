@@ -64,6 +64,11 @@ class ModelConfig:
     # every BatchNorm layer's momentum in PyTorch's sense (the weight of the new batch in the
     # running statistics: airbench's 0.6 "momentum" is 0.4 here); None = the model's own
     bn_momentum: float | None = None
+    # airbench's whitened first layer: a fixed k x k patch convolution (k = this, 0 = off) from
+    # the eigenvectors of the patches' covariance in the first `whiten_images` training images
+    # (computed at build time, so a rerun rebuilds it); 2 C k^2 channels in front of the model
+    whiten: int = 0
+    whiten_images: int = 5000
 
 
 @dataclass
@@ -88,6 +93,8 @@ class TrainConfig:
     # every optimizer update with this decay (torch.optim.swa_utils): what is evaluated, kept as
     # the best epoch's weights and logged as the model; None = off
     ema_decay: float | None = None
+    # model.whiten's bias trains this many epochs, then stays (None: throughout)
+    whiten_bias_epochs: int | None = None
     seed: int = 0
     device: str = "auto"
     channels_last: bool = False

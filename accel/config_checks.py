@@ -82,6 +82,13 @@ def check(cfg: Any) -> None:
              "must be in [0, 1)")
     _require("train.bn_bias_lr_scale", t.bn_bias_lr_scale, t.bn_bias_lr_scale > 0,
              "must be > 0")
+    _require("model.whiten", m.whiten, m.whiten >= 0, "must be >= 0 (0 = off)")
+    if m.whiten and d.dataset != "digits" and not (d.in_memory or d.on_device):
+        raise ConfigError(f"model.whiten={m.whiten} reads the training images from memory: set "
+                          "data.in_memory=true or data.on_device=true")
+    _require("model.whiten_images", m.whiten_images, m.whiten_images >= 1, "must be >= 1")
+    _require("train.whiten_bias_epochs", t.whiten_bias_epochs,
+             t.whiten_bias_epochs is None or t.whiten_bias_epochs >= 0, "must be >= 0 or null")
     _require("train.ema_decay", t.ema_decay, t.ema_decay is None or 0 < t.ema_decay < 1,
              "must be in (0, 1), or null for off")
     _require("model.bn_momentum", cfg.model.bn_momentum,

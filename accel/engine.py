@@ -70,13 +70,15 @@ def moving_average(model: torch.nn.Module, decay: float):
 
 def _param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:
     """timm's two groups (decay: weights of two or more dimensions; no decay: norms, biases and
-    other vectors), with the BatchNorm biases moved to a third at lr x bn_bias_lr_scale."""
+    other vectors), with the BatchNorm biases (and a whitening layer's, model.whiten) moved to
+    a third at lr x bn_bias_lr_scale, as airbench does."""
     from timm.optim import param_groups_weight_decay
 
-    from accel.models import batch_norms
+    from accel.models import batch_norms, whitening_layer
 
-    bn_biases = {id(m.bias) for m in batch_norms(model)
-                 if m.bias is not None and m.bias.requires_grad}
+    whitening = whitening_layer(getattr(model, "_orig_mod", model))  # compiled: the module
+    biases = [m.bias for m in batch_norms(model)] + ([whitening.bias] if whitening else [])
+    bn_biases = {id(b) for b in biases if b is not None and b.requires_grad}
     groups = []
     for group in param_groups_weight_decay(model, t.weight_decay):
         rest = [p for p in group["params"] if id(p) not in bn_biases]
@@ -144,6 +146,29 @@ class EpochStats:
             "skipped_updates": float(self.skipped_updates),
             "samples": sum_over_ranks(self.samples),
         }
+
+
+class HeldParameter:
+    """A parameter that trains for `epochs` epochs and then stays where they left it
+    (train.whiten_bias_epochs): from the next epoch on, put back after every update. It keeps
+    its gradient and its place in the optimizer, so the ranks' gradient buckets stay whole; a
+    resumed run holds the value its checkpoint has, which is that one."""
+
+    def __init__(self, param: torch.nn.Parameter, epochs: int):
+        self.param, self.epochs = param, epochs
+        self.value: torch.Tensor | None = None
+
+    def attach(self, trainer: Engine) -> None:
+        trainer.add_event_handler(Events.EPOCH_STARTED, self._hold)
+
+    def _hold(self, engine: Engine) -> None:
+        if engine.state.epoch > self.epochs:
+            self.value = self.param.detach().clone()
+
+    def put_back(self) -> None:
+        if self.value is not None:
+            with torch.no_grad():
+                self.param.copy_(self.value)
 
 
 class UpdateStep:

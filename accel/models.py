@@ -27,6 +27,9 @@ def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> 
     """The bare model (no compile, on CPU): its `state_dict` is what checkpoints hold."""
 
     check_model_name(cfg.model.name)
+    k, images_chans = cfg.model.whiten, in_chans
+    if k:  # the network sees the whitening layer's channels, k - 1 pixels smaller
+        in_chans, img_size = Whitened.width(in_chans, k), img_size - k + 1
     kwargs = dict(num_classes=num_classes, in_chans=in_chans)
     try:
         # ViT-family models build their patch grid from img_size; CNNs do not take it.
@@ -35,12 +38,56 @@ def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> 
         model = _create(cfg, **kwargs)
     if cfg.model.dirac_init:
         dirac_init(model)
+    if k:
+        model = Whitened(model, images_chans, k)
     for norm in batch_norms(model):
         if cfg.model.bn_momentum is not None:
             norm.momentum = cfg.model.bn_momentum
         if cfg.train.bn_weight_frozen and norm.weight is not None:
             norm.weight.requires_grad_(False)  # stays at its init (1): no optimizer sees it
     return model
+
+
+class Whitened(torch.nn.Module):
+    """`net` behind a fixed patch-whitening convolution (airbench): k x k patches, no padding,
+    2 C k^2 output channels, each whitening direction and its negative (the GELU or ReLU that
+    follows keeps both signs). The weight is set by `fit_whitening` and never trained; the bias
+    is trained (train.whiten_bias_epochs: for a while)."""
+
+    def __init__(self, net: torch.nn.Module, in_chans: int, k: int):
+        super().__init__()
+        self.whiten = torch.nn.Conv2d(in_chans, self.width(in_chans, k), k, bias=True)
+        self.whiten.weight.requires_grad_(False)
+        self.net = net
+
+    @staticmethod
+    def width(in_chans: int, k: int) -> int:
+        return 2 * in_chans * k * k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(self.whiten(x))
+
+
+def fit_whitening(model: Whitened, images: torch.Tensor, eps: float = 5e-4) -> None:
+    """The whitening weights from `images` ([N, C, H, W], normalised as training sees them):
+    the eigenvectors of the patches' (uncentred) covariance, each scaled by 1/sqrt(eigenvalue +
+    eps), so the first half of the outputs has an identity covariance on these images (where
+    the eigenvalues dwarf eps). Computed in float64: a rerun on the same images gets the same
+    weights."""
+    layer = model.whiten
+    c, k = layer.in_channels, layer.kernel_size[0]
+    patches = images.double().unfold(2, k, 1).unfold(3, k, 1)  # N, C, H', W', k, k
+    patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * k * k)
+    covariance = patches.T @ patches / len(patches)
+    eigenvalues, eigenvectors = torch.linalg.eigh(covariance)  # ascending
+    scaled = (eigenvectors.T / torch.sqrt(eigenvalues + eps)[:, None]).flip(0)  # largest first
+    weight = torch.cat([scaled, -scaled]).reshape(-1, c, k, k)
+    with torch.no_grad():
+        layer.weight.copy_(weight.to(layer.weight.dtype))
+
+
+def whitening_layer(model: torch.nn.Module) -> torch.nn.Conv2d | None:
+    return model.whiten if isinstance(model, Whitened) else None
 
 
 def batch_norms(model: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:

@@ -104,6 +104,22 @@ def tensors_of(ds) -> tuple[torch.Tensor, torch.Tensor, dict]:
     return images, labels, spec
 
 
+def first_images(ds, n: int) -> torch.Tensor:
+    """The first `n` images of an in-memory split as training sees them before augmentation:
+    float, at the trained size, normalised (model.whiten's sample)."""
+    images, _, spec = tensors_of(ds)
+    x, size = images[:n], spec.get("size")
+    if size is not None and x.shape[-1] != size:
+        from torchvision.transforms.v2 import functional as TF
+
+        x = TF.resize(x, [size, size], antialias=True)
+    if spec.get("mean") is None:  # digits: stored normalised
+        return x.float()
+    shape = (1, -1, 1, 1)
+    mean, std = torch.tensor(spec["mean"]).view(shape), torch.tensor(spec["std"]).view(shape)
+    return (x.float() / 255 - mean) / std
+
+
 def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
                     seed: int = 0) -> ResidentLoader:
     """A split of `accel.data` as a `ResidentLoader`; training: shuffled, augmented, seeded.

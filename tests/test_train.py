@@ -640,3 +640,59 @@ def test_the_moving_average_is_what_is_evaluated_kept_and_logged(tmp_path, monke
     for name, value in averaged.state_dict().items():
         assert torch.equal(best[name], value), name
     assert any(not torch.equal(best[k], v) for k, v in trained.state_dict().items())
+
+
+WHITENED = ["data.dataset=digits", "model.name=accel_cnn_s", "model.img_size=8",
+            "train.device=cpu", "data.num_workers=0", "model.whiten=2",
+            "model.whiten_images=300", "train.batch_size=32", "train.epoch_length=4"]
+
+
+def test_the_whitening_layer_whitens_the_training_patches():
+    """model.whiten=2: on the images it was fitted to, the first half of the layer's outputs
+    (bias aside) has the covariance diag(l / (l + eps)) over the patches' eigenvalues l: the
+    identity where they dwarf eps, nothing across directions; the second half is its negative.
+    The weight is fixed (no optimizer holds it); the bias trains at the BatchNorm biases' rate."""
+    from accel.resident import first_images
+    from accel.train.parts import build
+
+    parts = build(config.load(None, [*WHITENED, "train.bn_bias_lr_scale=64"]))
+    layer = parts.bare.whiten
+    assert (layer.in_channels, layer.out_channels, layer.kernel_size) == (1, 8, (2, 2))
+    sample = first_images(parts.data.train.dataset, 300)
+    assert sample.shape == (300, 1, 8, 8)
+    with torch.no_grad():
+        out = torch.nn.functional.conv2d(sample, layer.weight).double()  # no bias
+    first = out[:, :4].permute(0, 2, 3, 1).reshape(-1, 4)
+    covariance = first.T @ first / len(first)
+    patches = sample.double().unfold(2, 2, 1).unfold(3, 2, 1).reshape(-1, 4)
+    eigenvalues = torch.linalg.eigvalsh(patches.T @ patches / len(patches)).flip(0)
+    expected = torch.diag(eigenvalues / (eigenvalues + 5e-4))
+    assert torch.allclose(covariance, expected, atol=2e-3), (covariance, expected)
+    assert (torch.diagonal(covariance)[:3] > 0.99).all()  # the main directions: unit variance
+    assert torch.equal(out[:, 4:], -out[:, :4])
+    groups = parts.step.optimizer.param_groups
+    assert not any(p is layer.weight for g in groups for p in g["params"])
+    [scaled] = [g for g in groups if any(p is layer.bias for p in g["params"])]
+    assert scaled["lr"] == pytest.approx(64 * parts.cfg.train.lr)
+    parts.data.close()
+
+
+def test_the_whitening_bias_trains_its_epochs_then_stays():
+    """train.whiten_bias_epochs=1: the bias moves in epoch 1 and not after, while the rest of
+    the network keeps training."""
+    from ignite.engine import Events
+
+    from accel.train.parts import build
+
+    parts = build(config.load(None, [*WHITENED, "train.whiten_bias_epochs=1",
+                                     "train.optimizer=nesterov", "train.lr=0.05"]))
+    bias, head = parts.bare.whiten.bias, parts.bare.net.head.weight
+    seen = [(bias.detach().clone(), head.detach().clone())]
+    parts.trainer.add_event_handler(
+        Events.EPOCH_COMPLETED, lambda _: seen.append((bias.detach().clone(),
+                                                       head.detach().clone())))
+    parts.trainer.run(parts.batches, max_epochs=3, epoch_length=4)
+    (b0, h0), (b1, h1), (b2, h2), (b3, h3) = seen
+    assert not torch.equal(b0, b1) and torch.equal(b1, b2) and torch.equal(b2, b3)
+    assert not torch.equal(h1, h2) and not torch.equal(h2, h3)
+    parts.data.close()

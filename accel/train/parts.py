@@ -57,6 +57,10 @@ def build(cfg: Config) -> Parts:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # this run's peak, not the process's
     bare = models.build_model(cfg, data.num_classes, data.in_chans, data.img_size)
+    if cfg.model.whiten:
+        from accel.resident import first_images
+
+        models.fit_whitening(bare, first_images(data.train.dataset, cfg.model.whiten_images))
     model = models.prepare_model(bare, cfg, device)
 
     amp_dtype = engine.resolve_amp(t.amp, device)
@@ -70,6 +74,7 @@ def build(cfg: Config) -> Parts:
         notes.append(few)
     optimizer = engine.build_optimizer(model, t)
     averaged = engine.moving_average(bare, t.ema_decay) if t.ema_decay else None
+    held, after_update = _after_update(t, bare, averaged)
     trained = ranks.wrap(model, device)  # several ranks: DistributedDataParallel
     non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
     step = engine.UpdateStep(
@@ -84,14 +89,34 @@ def build(cfg: Config) -> Parts:
         scheduler=engine.build_scheduler(optimizer, t, epoch_length),
         channels_last=t.channels_last,
         non_blocking=non_blocking,
-        after_update=(lambda: averaged.update_parameters(bare)) if averaged else None,
+        after_update=after_update,
     )
     scored = averaged.module if averaged is not None else model
     evaluator = engine.create_evaluator(scored, data.num_classes, device, amp_dtype=amp_dtype,
                                         channels_last=t.channels_last, non_blocking=non_blocking,
                                         tta=cfg.eval.tta)
-    return Parts(cfg, device, data, bare, step, engine.create_trainer(step), evaluator,
+    trainer = engine.create_trainer(step)
+    if held is not None:
+        held.attach(trainer)
+    return Parts(cfg, device, data, bare, step, trainer, evaluator,
                  amp_dtype, epoch_length, Batches(data.train), notes=notes, averaged=averaged)
+
+
+def _after_update(t, bare: torch.nn.Module, averaged):
+    """(the whitening bias held after train.whiten_bias_epochs, or None; what follows every
+    optimizer update: that bias put back, then the moving average, which so sees the weights
+    the next update starts from)."""
+    whitening = models.whitening_layer(bare)
+    held = (engine.HeldParameter(whitening.bias, t.whiten_bias_epochs)
+            if whitening is not None and t.whiten_bias_epochs is not None else None)
+
+    def after_update() -> None:
+        if held is not None:
+            held.put_back()
+        if averaged is not None:
+            averaged.update_parameters(bare)
+
+    return held, after_update
 
 
 FEW_UPDATES = 10  # updates per epoch under which a run says so
