@@ -50,6 +50,10 @@ class DataConfig:
     # there per batch (accel.resident); no loader workers: num_workers and pin_memory go unused
     on_device: bool = False
     augment: bool = True  # random crop + flip on image datasets (not digits)
+    translate: int | None = None  # the random crop's zero padding in pixels; None = side // 8
+    # random: each image mirrored with probability 1/2 in each pass; alternating (airbench, with
+    # data.on_device): a random first choice per image, then mirrored in every other pass
+    flip: str = "random"
     train_limit: int | None = None  # use only the first N training images (quick experiments)
 
 

@@ -12,6 +12,7 @@ AMP_MODES = ("off", "auto", "bf16", "fp16")
 OPTIMIZERS = ("adam", "adamw", "sgd", "nesterov")
 SCHEDULERS = ("cosine", "linear", "constant")
 TTA_MODES = ("none", "flip", "multicrop")
+FLIPS = ("random", "alternating")
 DEVICES = ("auto", "cpu", "cuda")
 METRICS = ("val_accuracy", "val_loss", "val_f1")  # what the evaluator reports after every epoch
 # A run's costs, for multi-objective studies: total training seconds (evaluation excluded),
@@ -86,6 +87,11 @@ def check(cfg: Any) -> None:
     if m.whiten and d.dataset != "digits" and not (d.in_memory or d.on_device):
         raise ConfigError(f"model.whiten={m.whiten} reads the training images from memory: set "
                           "data.in_memory=true or data.on_device=true")
+    _require("data.translate", d.translate, d.translate is None or d.translate >= 0,
+             "must be >= 0 or null (side // 8)")
+    if d.flip == "alternating" and not d.on_device:
+        raise ConfigError("data.flip=alternating is drawn by the resident loader: set "
+                          "data.on_device=true")
     _require("model.whiten_images", m.whiten_images, m.whiten_images >= 1, "must be >= 1")
     _require("train.whiten_bias_epochs", t.whiten_bias_epochs,
              t.whiten_bias_epochs is None or t.whiten_bias_epochs >= 0, "must be >= 0 or null")
@@ -102,7 +108,7 @@ def check(cfg: Any) -> None:
         ("train.scheduler", t.scheduler, SCHEDULERS), ("train.device", t.device, DEVICES),
         ("search.metric", s.metric, METRICS), ("search.direction", s.direction, DIRECTIONS),
         ("search.sampler", s.sampler, SAMPLERS), ("search.pruner", s.pruner, PRUNERS),
-        ("eval.tta", cfg.eval.tta, TTA_MODES),
+        ("eval.tta", cfg.eval.tta, TTA_MODES), ("data.flip", d.flip, FLIPS),
     ):
         _choice(key, value, choices)
     _check_objectives(s)

@@ -71,14 +71,14 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], li
     return order[n_val:], order[:n_val]
 
 
-def _transforms(train: bool, size: int, native: int, mean, std, augment: bool):
+def _transforms(train: bool, size: int, native: int, mean, std, augment: bool, pad: int):
     from torchvision.transforms import v2
 
     steps = [v2.ToImage()]
     if size != native:
         steps.append(v2.Resize((size, size), antialias=True))
     if train and augment:
-        steps += [v2.RandomCrop(size, padding=size // 8), v2.RandomHorizontalFlip()]
+        steps += [v2.RandomCrop(size, padding=pad), v2.RandomHorizontalFlip()]
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
     return v2.Compose(steps)
 
@@ -187,11 +187,13 @@ def _image_splits(cfg: Config, size_default: int):
     mean, std = normalisation(kind, len(mode))
     size = cfg.model.img_size or native
 
+    translate = d.translate if d.translate is not None else size // 8
+
     def build(split: str, train: bool):
-        tf = _transforms(train, size, native, mean, std, d.augment)
+        tf = _transforms(train, size, native, mean, std, d.augment, translate)
         if d.in_memory or d.on_device:
             images, labels, source = _decode_all(kind, root, split, mode)
-            pad = size // 8 if train and d.augment else 0
+            pad = translate if train and d.augment else 0
             return TensorImages(images, labels, tf, size=size, mean=mean, std=std, pad=pad,
                                 source=source)
         return _raw_dataset(kind, root, split, transform=tf, mode=mode)
@@ -257,7 +259,7 @@ def build_eval_data(cfg: Config, device: torch.device, size: int | None = None,
     side = size or cfg.model.img_size or native
     mean, std = normalisation("imagefolder", len(mode))
     ds = _raw_dataset("imagefolder", str(folder), "",
-                      transform=_transforms(False, side, native, mean, std, False), mode=mode)
+                      transform=_transforms(False, side, native, mean, std, False, 0), mode=mode)
     loader = DataLoader(ds, batch_size=max(cfg.train.batch_size, 256), shuffle=False,
                         num_workers=cfg.data.num_workers)
     label = chosen or "test"
@@ -377,7 +379,8 @@ def _resident(cfg: Config, device: torch.device, train_ds, val_ds, test_ds, clas
     batch, seed = cfg.train.batch_size, cfg.train.seed
     evaluation = max(batch, 256)
     return Data(
-        train=resident_loader(train_ds, device, batch_size=batch, train=True, seed=seed),
+        train=resident_loader(train_ds, device, batch_size=batch, train=True, seed=seed,
+                              flip=cfg.data.flip),
         val=resident_loader(val_ds, device, batch_size=evaluation, train=False),
         test=(resident_loader(test_ds, device, batch_size=evaluation, train=False)
               if test_ds is not None else None),

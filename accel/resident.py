@@ -25,7 +25,9 @@ class ResidentLoader:
     """Batches of a split that lives on `device`. Images are uint8 [N, C, H, W] (normalised per
     batch with `mean`/`std` in [0, 1] units) or float tensors already normalised (`mean=None`).
 
-    `pad > 0` augments: a random crop of the zero-padded image and a random horizontal flip.
+    `pad > 0` augments: a random crop of the zero-padded image and a horizontal flip, random
+    per pass (`flip="random"`) or, `"alternating"` (airbench), drawn once per image and then
+    reversed every other pass (`passes` counts them; a checkpoint keeps the count).
     `rank` of `world` takes positions rank, rank + world, ... of each global batch."""
 
     pin_memory = False  # nothing to copy: the batches are made where the model is
@@ -33,9 +35,13 @@ class ResidentLoader:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, dataset, batch_size: int,
                  device: torch.device, mean=None, std=None, pad: int = 0, shuffle: bool = False,
                  drop_last: bool = False, generator: torch.Generator | None = None,
-                 rank: int = 0, world: int = 1):
+                 rank: int = 0, world: int = 1, flip: str = "random"):
         self.images, self.labels = images.to(device), labels.to(device)
         self.rank, self.world = rank, world
+        self.passes = 0
+        self.first_flips = None  # alternating: each image's flip in even passes
+        if flip == "alternating" and pad:
+            self.first_flips = torch.rand(len(labels), generator=generator) < 0.5
         self.dataset = dataset  # the source (lineage digests read it as for a DataLoader)
         self.batch_size, self.device, self.pad = batch_size, device, pad
         self.shuffle, self.drop_last, self.generator = shuffle, drop_last, generator
@@ -56,7 +62,11 @@ class ResidentLoader:
         if not self.pad:
             return order, None, None
         offsets = torch.randint(0, 2 * self.pad + 1, (n, 2), generator=g)
-        flips = torch.rand(n, generator=g) < 0.5
+        if self.first_flips is not None:
+            flips = self.first_flips ^ bool(self.passes % 2)
+        else:
+            flips = torch.rand(n, generator=g) < 0.5
+        self.passes += 1
         return order, offsets, flips
 
     def __iter__(self):
@@ -121,7 +131,7 @@ def first_images(ds, n: int) -> torch.Tensor:
 
 
 def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
-                    seed: int = 0) -> ResidentLoader:
+                    seed: int = 0, flip: str = "random") -> ResidentLoader:
     """A split of `accel.data` as a `ResidentLoader`; training: shuffled, augmented, seeded.
     Several ranks: training shares each global batch out, evaluation takes every world-th image."""
     from accel import ranks
@@ -143,5 +153,5 @@ def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
         images, labels, dataset=ds, batch_size=batch_size, device=device, pad=pad,
         shuffle=train, drop_last=train and len(labels) > batch_size,
         generator=torch.Generator().manual_seed(seed) if train else None,
-        rank=rank if train else 0, world=world if train else 1, **spec,
+        rank=rank if train else 0, world=world if train else 1, flip=flip, **spec,
     )

@@ -208,3 +208,59 @@ def test_on_a_gpu_the_batches_are_made_there_and_equal_the_cpu_ones(folder):
     for (xg, yg), (xc, yc) in zip(on_gpu.train, on_cpu.train, strict=True):
         assert xg.device.type == "cuda" and yg.device.type == "cuda"
         assert torch.equal(xg.cpu(), xc) and torch.equal(yg.cpu(), yc)  # gather + exact ops
+
+
+def test_alternating_flips_mirror_each_image_in_every_other_pass():
+    """data.flip=alternating: one random choice per image, reversed pass by pass; random flips
+    are drawn afresh. The crops stay random either way."""
+    n = 400
+    images = torch.zeros(n, 3, 8, 8, dtype=torch.uint8)
+
+    def flips(kind: str) -> list[torch.Tensor]:
+        loader = ResidentLoader(images, torch.arange(n), dataset=None, batch_size=50, device=CPU,
+                                pad=2, shuffle=True, generator=torch.Generator().manual_seed(0),
+                                flip=kind)
+        return [loader.draws()[2] for _ in range(3)]
+
+    a, b, c = flips("alternating")
+    assert torch.equal(b, ~a) and torch.equal(c, a)
+    assert 0.4 < a.float().mean() < 0.6
+    r1, r2, _ = flips("random")
+    assert not torch.equal(r2, ~r1) and not torch.equal(r2, r1)
+
+
+def test_a_run_resumed_in_its_second_pass_gets_the_same_alternating_flips(folder):
+    """The pass count is in the checkpoint: stopped inside the second pass (odd: every image
+    mirrored the other way), the resumed loader hands out the same batches."""
+    cfg = image_cfg(folder, "data.on_device=true", "data.flip=alternating", "data.translate=1",
+                    "train.batch_size=4")
+
+    def fresh():
+        return Batches(build_data(cfg, CPU).train)
+
+    whole = fresh()
+    assert whole.loader.pad == 1  # data.translate
+    passes = [list(whole), list(whole)]
+    first = fresh()
+    list(first)  # the first pass
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    resumed = fresh()
+    resumed.load_state_dict(first.state_dict())
+    rest = list(resumed)
+    assert len(rest) == len(passes[1]) - 2
+    for (xa, ya), (xb, yb) in zip(passes[1][2:], rest, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    after = fresh()  # stopped at the end of the first pass: the next one is the second
+    list(after)
+    state = after.state_dict()
+    again = fresh()
+    again.load_state_dict(state)
+    assert all(torch.equal(xa, xb) for (xa, _), (xb, _) in zip(passes[1], list(again),
+                                                                strict=True))
+
+
+def test_alternating_flips_need_resident_data():
+    with pytest.raises(config.ConfigError, match="data.flip=alternating .* data.on_device=true"):
+        config.load(None, ["data.flip=alternating"])

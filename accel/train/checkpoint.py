@@ -68,6 +68,8 @@ class Batches:
         self.generator: torch.Generator = loader.generator
         self.pass_start = self.generator.get_state()
         self.taken = 0  # batches handed out by the current pass
+        self.pass_number = 0  # the loader's count of passes when this one began (a resident
+        # loader's alternating flips depend on it)
         self._skip = 0  # batches to skip when the next pass starts (a resumed run)
 
     def __len__(self) -> int:
@@ -76,6 +78,7 @@ class Batches:
     def __iter__(self):
         skip, self._skip = self._skip, 0
         self.pass_start, self.taken = self.generator.get_state(), 0
+        self.pass_number = getattr(self.loader, "passes", 0)
         batches = iter(self.loader)
         if skip:
             with kept_random_states():  # skipped batches must not move the augmentations' RNG
@@ -90,14 +93,18 @@ class Batches:
 
     def state_dict(self) -> dict[str, Any]:
         return {"pass_start": self.pass_start, "taken": self.taken,
-                "generator": self.generator.get_state()}
+                "generator": self.generator.get_state(), "passes": self.pass_number}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if 0 < state["taken"] < len(self.loader):  # stopped inside a pass: replay its shuffle
+        inside = 0 < state["taken"] < len(self.loader)
+        if inside:  # stopped inside a pass: replay its shuffle
             self.generator.set_state(state["pass_start"])
             self._skip = state["taken"]
         else:  # at a pass boundary: the next pass starts from the generator as it was
             self.generator.set_state(state["generator"])
+        if hasattr(self.loader, "passes"):  # the pass replayed, or the one after
+            self.loader.passes = state.get("passes", 0) + (0 if inside or not state["taken"]
+                                                           else 1)
 
 
 def finish_pass(batches) -> None:
