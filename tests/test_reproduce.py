@@ -107,17 +107,23 @@ def test_reproduce_is_exact_and_tagged(original, capsys):
 
 
 def test_a_run_with_the_fast_recipes_ingredients_reproduces_exactly(original, tmp_path, capsys):
-    """Dirac init, multi-crop TTA and the BatchNorm settings (airbench's ingredients) come back
+    """Dirac init, multi-crop TTA, the BatchNorm settings, the whitened first layer (refitted
+    from the data), the moving average and alternating flips (airbench's ingredients) come back
     from the logged config: the rerun's metrics are bitwise the run's."""
     store = _initialised_store(original, tmp_path / "store")
     run = _train_into(store, experiment="ingredients",
                       extra=("model.name=accel_cnn_s", "model.dirac_init=true",
                              "eval.tta=multicrop", "model.bn_momentum=0.4",
-                             "train.bn_bias_lr_scale=64", "train.bn_weight_frozen=true"))
+                             "train.bn_bias_lr_scale=64", "train.bn_weight_frozen=true",
+                             "model.whiten=2", "model.whiten_images=100",
+                             "train.whiten_bias_epochs=1", "train.ema_decay=0.9",
+                             "data.on_device=true", "data.flip=alternating"))
     logged = _client(run.uri).get_run(run.run_id)
     assert logged.data.params["model.dirac_init"] == "True"
     assert logged.data.params["eval.tta"] == "multicrop"
     assert logged.data.params["train.bn_bias_lr_scale"] == "64.0"
+    assert logged.data.params["model.whiten"] == "2"
+    assert logged.data.params["train.ema_decay"] == "0.9"
     assert cli.main(["reproduce", run.run_id, "--tracking-uri", run.uri]) == 0
     assert "(exactly)" in capsys.readouterr().out
     [rerun] = _reruns_of(run.uri, run.run_id)

@@ -402,3 +402,43 @@ def wait_for_trial_epochs(store: str, epochs: int, timeout_s: float = 120) -> st
             pass  # the store or the run is not there yet
         time.sleep(0.5)
     raise AssertionError(f"no trial run with {epochs} epochs within {timeout_s} s")
+
+
+def test_a_run_with_every_fast_ingredient_resumed_inside_a_pass_ends_as_the_uninterrupted(
+        tmp_path):
+    """airbench's ingredients all on (whitening with its bias held after epoch 1, Dirac init,
+    BatchNorm settings, the moving average, alternating flips, translate, multi-crop TTA), on
+    resident images whose passes span epochs: stopped by SIGTERM after epoch 2 (inside the
+    second pass), `accel resume` in a new process ends with the curves and the best weights of
+    the run never stopped."""
+    from tests.conftest import make_imagefolder, new_store
+
+    folder = make_imagefolder(tmp_path / "data", side=16, classes=3,
+                              per_class={"train": 20, "test": 4})
+    every = ["data.dataset=imagefolder", f"data.root={folder}", "data.val_fraction=0.1",
+             "data.on_device=true", "data.flip=alternating", "data.translate=2",
+             "model.name=accel_cnn_s", "model.whiten=2", "model.whiten_images=40",
+             "model.dirac_init=true", "model.bn_momentum=0.4", "train.whiten_bias_epochs=1",
+             "train.ema_decay=0.9", "train.bn_bias_lr_scale=64", "train.bn_weight_frozen=true",
+             "eval.tta=multicrop", "train.optimizer=nesterov", "train.lr=0.05",
+             "train.label_smoothing=0.2", "train.scheduler=linear", "train.epochs=3",
+             "train.batch_size=8", "train.epoch_length=4", "train.device=cpu",
+             "tracking.system_metrics=false"]
+    ref_store = new_store(tmp_path / "reference")
+    out = run_cli("train", *every, "--tracking-uri", ref_store)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ref_run = only_run(ref_store)
+
+    store = new_store(tmp_path / "stopped")
+    stopped = train_stopped_after(2, [*every, "--tracking-uri", store])
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    run_id = only_run(store)
+    out = run_cli("resume", run_id, "--tracking-uri", store)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "after epoch 2 of 3" in out.stderr
+    mine, ref = curves(store, run_id), curves(ref_store, ref_run)
+    assert mine == ref and len(ref["train_loss"]) == 3
+    final = weights(store, run_id, tmp_path / "a")
+    expected = weights(ref_store, ref_run, tmp_path / "b")
+    assert final.keys() == expected.keys() and "whiten.weight" in final
+    assert all(torch.equal(final[key], expected[key]) for key in expected)
