@@ -31,6 +31,8 @@ def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> 
     if k:  # the network sees the whitening layer's channels, k - 1 pixels smaller
         in_chans, img_size = Whitened.width(in_chans, k), img_size - k + 1
     kwargs = dict(num_classes=num_classes, in_chans=in_chans)
+    if k and cfg.model.name in nets.WIDTHS:  # accel's nets: the whitening is their stem conv
+        kwargs["whitened"] = True
     try:
         # ViT-family models build their patch grid from img_size; CNNs do not take it.
         model = _create(cfg, img_size=img_size, **kwargs)

@@ -30,11 +30,18 @@ class ConvGroup(nn.Sequential):
 
 
 class AccelCNN(nn.Module):
+    """`whitened=True`: the input is a whitening layer's output (accel.models.Whitened), which
+    takes the stem convolution's place, as in airbench: the stem is only its GELU."""
+
     def __init__(self, num_classes: int = 1000, in_chans: int = 3, stem: int = 24,
-                 widths: tuple[int, ...] = (32, 64, 128), drop_rate: float = 0.0):
+                 widths: tuple[int, ...] = (32, 64, 128), drop_rate: float = 0.0,
+                 whitened: bool = False):
         super().__init__()
         self.num_classes, self.num_features = num_classes, widths[-1]
-        self.stem = nn.Sequential(*conv_bn(in_chans, stem))
+        if whitened:
+            self.stem, stem = nn.GELU(), in_chans
+        else:
+            self.stem = nn.Sequential(*conv_bn(in_chans, stem))
         self.groups = nn.Sequential(*(ConvGroup(a, b)
                                       for a, b in zip((stem, *widths), widths, strict=False)))
         self.pool = nn.AdaptiveMaxPool2d(1)

@@ -4,15 +4,16 @@
    seconds so far (evaluation excluded, as `time_to_target_s`), the test accuracy at the end, and
    the curve as a PNG.
 2. Each ingredient's effect: the recipe with one ingredient taken out at a time, all at a smaller
-   budget (`--epochs`, `--train-limit`), run in alternation round by round, against the recipe
-   itself at that budget. Ingredients: label smoothing, Nesterov (-> heavy-ball SGD), linear decay
-   (-> cosine), flip TTA (-> none: the same weights, on CPU, so only the scoring differs),
-   channels_last, resident data (-> the in-memory DataLoader), and bf16 autocast (added).
+   budget (`--epochs`, `--train-limit`), over `--rounds` seeds (round r trains with seed + r: its
+   own split, initialisation and order; the variants of a round in alternating order). Per
+   variant: the test accuracy's mean and range, and its difference to the recipe, paired by seed,
+   with a 95% bootstrap interval (`accel.verify.stats.paired_difference`, as `accel verify`);
+   "beyond noise" says whether the interval excludes 0. Few seeds give a coarse interval.
 
     python -m accel.shared_data                 # the shared CIFAR-10, extracted once
-    python bench/fast_recipe.py                 # both parts (about 30 min on 2 cores)
+    python bench/fast_recipe.py                 # both parts (about an hour on 2 cores)
     python bench/fast_recipe.py --skip-ingredients
-    python bench/fast_recipe.py --skip-recipe --rounds 2
+    python bench/fast_recipe.py --skip-recipe --rounds 3
 
 Runs are in this process and untracked (`track=False`): the numbers are the runs' own histories.
 """
@@ -32,13 +33,15 @@ RECIPE = ROOT / "experiments" / "cifar10_fast.yaml"
 # name -> the overrides that take one ingredient out (or, for bf16, put one in)
 VARIANTS = {
     "recipe": [],
-    "- label smoothing": ["train.label_smoothing=0"],
-    "- nesterov (heavy-ball sgd)": ["train.optimizer=sgd"],
-    "- linear decay (cosine)": ["train.scheduler=cosine"],
-    "- flip tta": ["eval.tta=none"],
-    "- channels_last": ["train.channels_last=false"],
-    "- resident data (in-memory DataLoader)": ["data.on_device=false", "data.in_memory=true"],
-    "+ bf16 autocast": ["train.amp=bf16"],
+    "- whitened first layer (the stem conv)": ["model.whiten=0",
+                                               "train.whiten_bias_epochs=null"],
+    "- dirac init": ["model.dirac_init=false"],
+    "- batchnorm settings (bias lr x1, weights trained, momentum 0.1)": [
+        "train.bn_bias_lr_scale=1", "train.bn_weight_frozen=false", "model.bn_momentum=null"],
+    "- moving average of the weights": ["train.ema_decay=null"],
+    "- alternating flip (random)": ["data.flip=random"],
+    "- 2 px translate (4 px)": ["data.translate=null"],
+    "- multi-crop tta (flip tta)": ["eval.tta=flip"],
 }
 
 
@@ -103,26 +106,39 @@ def ingredients_part(extra: list[str], rounds: int, seed: int) -> None:
     """Every variant once per round, the order reversed every other round; round r trains with
     `train.seed=seed + r` (its own split, initialisation and order), so the spread is seeds'."""
     names = list(VARIANTS)
-    seen: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
+    seen: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             result, _ = run([*extra, *VARIANTS[name], f"train.seed={seed + r}"])
             train_s = sum(row["epoch_time_s"] for row in result.history)
-            seen[name].append((result.history[-1]["val_accuracy"],
-                               result.metrics.get("test_accuracy", float("nan")), train_s))
-            print(f"r{r + 1} {name}: val {seen[name][-1][0]:.4f} test {seen[name][-1][1]:.4f} "
-                  f"training {train_s:.0f} s", flush=True)
-    base = seen["recipe"]
+            seen[name].append((result.metrics.get("test_accuracy", float("nan")), train_s))
+            print(f"r{r + 1} {name}: test {seen[name][-1][0]:.4f} training {train_s:.0f} s",
+                  flush=True)
     print(f"\n{rounds} round(s), seeds {seed}..{seed + rounds - 1}, {' '.join(extra)}\n")
-    print("| variant | test accuracy (min–max) | Δ test vs recipe | training s | time ratio |")
-    print("|---|---|---|---|---|")
+    print(table(seen))
+
+
+def table(seen: dict[str, list[tuple[float, float]]]) -> str:
+    """The markdown table of `ingredients_part`: `seen[variant]` = (test accuracy, training s)
+    per seed, in seed order; the first variant is the recipe."""
+    from accel.verify.stats import paired_difference
+
+    names = list(seen)
+    base = [t for t, _ in seen[names[0]]]
+    lines = ["| variant | test acc, mean (min–max) | Δ vs recipe, mean [95% interval] | "
+             "beyond noise | training s |", "|---|---|---|---|---|"]
     for name in names:
-        tests = [t for _, t, _ in seen[name]]
-        secs = [s for *_, s in seen[name]]
-        delta = statistics.median(t - b[1] for t, b in zip(tests, base, strict=True))
-        ratio = statistics.median(s / b[2] for s, b in zip(secs, base, strict=True))
-        print(f"| {name} | {statistics.median(tests):.4f} ({min(tests):.4f}–{max(tests):.4f}) | "
-              f"{delta:+.4f} | {statistics.median(secs):.0f} | {ratio:.2f}x |")
+        tests = [t for t, _ in seen[name]]
+        secs = statistics.median(s for _, s in seen[name])
+        cells = [f"{statistics.mean(tests):.4f} ({min(tests):.4f}–{max(tests):.4f})"]
+        if name == names[0]:
+            cells += ["", ""]
+        else:
+            d = paired_difference(tests, base)
+            noise = "no" if d.contains(0.0) else ("higher" if d.low > 0 else "lower")
+            cells += [f"{d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}]", noise]
+        lines.append(f"| {name} | {' | '.join(cells)} | {secs:.0f} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -131,7 +147,7 @@ def main() -> None:
     ap.add_argument("--skip-ingredients", action="store_true")
     ap.add_argument("--epochs", type=int, default=4, help="ingredient runs: epochs")
     ap.add_argument("--train-limit", type=int, default=20000, help="ingredient runs: images")
-    ap.add_argument("--rounds", type=int, default=1, help="ingredient runs: rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="ingredient runs: seeds")
     ap.add_argument("--seed", type=int, default=0, help="ingredient runs: the first round's seed")
     ap.add_argument("--png", type=Path, default=ROOT / "docs" / "img" / "fast-recipe-cpu.png")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE for every run")

@@ -72,3 +72,18 @@ def keep_parts(monkeypatch) -> dict:
 
     monkeypatch.setattr(module, "build", build)
     return built
+
+
+def test_the_fast_recipe_bench_says_which_differences_are_beyond_noise():
+    """bench/fast_recipe.py's table: each variant's test accuracy against the recipe, paired by
+    seed: one always 2 points lower is "lower", one that goes both ways is "no"."""
+    from bench.fast_recipe import VARIANTS, table
+
+    assert "recipe" == next(iter(VARIANTS))
+    seen = {"recipe": [(0.80, 60.0), (0.82, 61.0), (0.81, 59.0)],
+            "- worse": [(0.78, 60.0), (0.80, 60.0), (0.79, 60.0)],
+            "- mixed": [(0.81, 60.0), (0.81, 60.0), (0.82, 60.0)]}
+    rows = {line.split(" | ")[0].strip("| "): line for line in table(seen).splitlines()[2:]}
+    assert "-0.0200 [-0.0200, -0.0200] | lower" in rows["- worse"]
+    assert "| no |" in rows["- mixed"] and "0.8133 (0.8100–0.8200)" in rows["- mixed"]
+    assert rows["recipe"].startswith("| recipe | 0.8100 (0.8000–0.8200) |")
