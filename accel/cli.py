@@ -241,9 +241,10 @@ def _training_commands(command) -> None:
     p.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes")
 
     p = command("ablate", "time every on/off combination of GA, AMP, pinned memory, resident "
-                "data, channels_last or compile", cmd_ablate, _config_args, _tracking_arg)
+                "data, channels_last, compile or data parallel on every GPU", cmd_ablate,
+                _config_args, _tracking_arg)
     p.add_argument("--techniques", default="ga,amp,pm", metavar="LIST",
-                   help="comma list from ga, amp, pm, resident, channels_last, compile "
+                   help="comma list from ga, amp, pm, resident, channels_last, compile, ddp "
                    "(default ga,amp,pm)")
     p.add_argument("--repeats", type=int, default=3, metavar="R",
                    help="runs of every combination, paired by repeat (default 3)")

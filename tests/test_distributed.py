@@ -128,30 +128,12 @@ def test_a_two_rank_run_stopped_by_sigterm_resumes_exactly(tmp_path):
     to rank 0 after epoch 1 (inside a pass over the data), which ends its follower too and
     leaves the run KILLED; `accel resume` of it, on two ranks again, ends with the same curves
     and weights."""
-    from tests.conftest import run_cli
-    from tests.test_resume import RESUMABLE, curves, only_run, train_stopped_after, weights
+    from tests.test_resume import RESUMABLE, same_curves_and_weights, stopped_and_resumed
 
     two = [*RESUMABLE, "train.batch_size=8", "train.nproc_per_node=2"]
-    ref_store = new_store(tmp_path / "reference")
-    out = run_cli("train", *two, "--tracking-uri", ref_store)
-    assert out.returncode == 0, out.stderr[-3000:]
-    ref_run = only_run(ref_store)
-
-    store = new_store(tmp_path / "stopped")
-    stopped = train_stopped_after(1, [*two, "--tracking-uri", store])
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    run_id = only_run(store)
-    assert MlflowClient(store).get_run(run_id).info.status == "KILLED"
-    out = run_cli("resume", run_id, "--tracking-uri", store)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "after epoch 1 of 3" in out.stderr
-    assert MlflowClient(store).get_run(run_id).info.status == "FINISHED"
-    mine, ref = curves(store, run_id), curves(ref_store, ref_run)
-    assert mine == ref and len(ref["train_loss"]) == 3
-    final = weights(store, run_id, tmp_path / "a")
-    expected = weights(ref_store, ref_run, tmp_path / "b")
-    assert final.keys() == expected.keys()
-    assert all(torch.equal(final[key], expected[key]) for key in expected)
+    resumed, reference, said = stopped_and_resumed(two, 1, tmp_path)
+    assert "after epoch 1 of 3" in said
+    same_curves_and_weights(resumed, reference, 3, tmp_path)
 
 
 def test_a_study_of_two_rank_trials_logs_one_run_per_trial(tmp_path):

@@ -79,7 +79,7 @@ def test_the_fast_recipe_bench_says_which_differences_are_beyond_noise():
     seed: one always 2 points lower is "lower", one that goes both ways is "no"."""
     from bench.fast_recipe import VARIANTS, table
 
-    assert "recipe" == next(iter(VARIANTS))
+    assert next(iter(VARIANTS)) == "recipe"
     seen = {"recipe": [(0.80, 60.0), (0.82, 61.0), (0.81, 59.0)],
             "- worse": [(0.78, 60.0), (0.80, 60.0), (0.79, 60.0)],
             "- mixed": [(0.81, 60.0), (0.81, 60.0), (0.82, 60.0)]}

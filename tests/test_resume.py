@@ -81,6 +81,39 @@ def train_stopped_after(k: int, args: list[str]) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+def stopped_and_resumed(args: list[str], k: int, tmp_path: Path):
+    """`accel train ARGS` never stopped, and the same run stopped by SIGTERM after epoch k (left
+    KILLED) and carried on by `accel resume`, each in its own processes: ((store, run id) of
+    the resumed run, (store, run id) of the uninterrupted one, the resume's stderr)."""
+    from tests.conftest import new_store
+
+    ref_store = new_store(tmp_path / "reference")
+    out = run_cli("train", *args, "--tracking-uri", ref_store)
+    assert out.returncode == 0, out.stderr[-3000:]
+    store = new_store(tmp_path / "stopped")
+    stopped = train_stopped_after(k, [*args, "--tracking-uri", store])
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    run_id = only_run(store)
+    assert client(store).get_run(run_id).info.status == "KILLED"
+    out = run_cli("resume", run_id, "--tracking-uri", store)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert client(store).get_run(run_id).info.status == "FINISHED"
+    return (store, run_id), (ref_store, only_run(ref_store)), out.stderr
+
+
+def same_curves_and_weights(run: tuple[str, str], reference: tuple[str, str], epochs: int,
+                            tmp_path: Path) -> dict[str, torch.Tensor]:
+    """Asserts that `run` (store, run id) logged `reference`'s curves, bitwise, over `epochs`
+    epochs and ended with its best weights; returns them."""
+    mine, ref = curves(*run), curves(*reference)
+    assert mine == ref and len(ref["train_loss"]) == epochs
+    final = weights(*run, tmp_path / "a")
+    expected = weights(*reference, tmp_path / "b")
+    assert final.keys() == expected.keys()
+    assert all(torch.equal(final[key], expected[key]) for key in expected)
+    return final
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The run never interrupted, in its own process."""
@@ -411,7 +444,7 @@ def test_a_run_with_every_fast_ingredient_resumed_inside_a_pass_ends_as_the_unin
     resident images whose passes span epochs: stopped by SIGTERM after epoch 2 (inside the
     second pass), `accel resume` in a new process ends with the curves and the best weights of
     the run never stopped."""
-    from tests.conftest import make_imagefolder, new_store
+    from tests.conftest import make_imagefolder
 
     folder = make_imagefolder(tmp_path / "data", side=16, classes=3,
                               per_class={"train": 20, "test": 4})
@@ -424,21 +457,6 @@ def test_a_run_with_every_fast_ingredient_resumed_inside_a_pass_ends_as_the_unin
              "train.label_smoothing=0.2", "train.scheduler=linear", "train.epochs=3",
              "train.batch_size=8", "train.epoch_length=4", "train.device=cpu",
              "tracking.system_metrics=false"]
-    ref_store = new_store(tmp_path / "reference")
-    out = run_cli("train", *every, "--tracking-uri", ref_store)
-    assert out.returncode == 0, out.stderr[-3000:]
-    ref_run = only_run(ref_store)
-
-    store = new_store(tmp_path / "stopped")
-    stopped = train_stopped_after(2, [*every, "--tracking-uri", store])
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    run_id = only_run(store)
-    out = run_cli("resume", run_id, "--tracking-uri", store)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "after epoch 2 of 3" in out.stderr
-    mine, ref = curves(store, run_id), curves(ref_store, ref_run)
-    assert mine == ref and len(ref["train_loss"]) == 3
-    final = weights(store, run_id, tmp_path / "a")
-    expected = weights(ref_store, ref_run, tmp_path / "b")
-    assert final.keys() == expected.keys() and "whiten.weight" in final
-    assert all(torch.equal(final[key], expected[key]) for key in expected)
+    resumed, reference, said = stopped_and_resumed(every, 2, tmp_path)
+    assert "after epoch 2 of 3" in said
+    assert "whiten.weight" in same_curves_and_weights(resumed, reference, 3, tmp_path)
