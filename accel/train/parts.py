@@ -116,7 +116,7 @@ def _after_update(t, bare: torch.nn.Module, averaged):
         if averaged is not None:
             averaged.update_parameters(bare)
 
-    return held, after_update
+    return held, after_update if held is not None or averaged is not None else None
 
 
 FEW_UPDATES = 10  # updates per epoch under which a run says so
