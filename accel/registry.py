@@ -72,18 +72,28 @@ def register(tracker, run_id: str, name: str, alias: str = DEFAULT_ALIAS,
     original = load_original(tracker, run_id)
     model_uri, serialization = log_model(tracker, run_id, original.config)
     all_tags = {"accel.run_id": run_id, "accel.serialization": serialization, **(tags or {})}
-    try:
-        version = mlflow.register_model(model_uri, name, tags=all_tags)
-        tracker.client.set_registered_model_alias(name, alias, version.version)
-    except KeyboardInterrupt:
-        from accel import signals
+    from accel import signals
 
-        signals.leave_behind(f"the model of run {run_id} was logged but not registered as "
-                             f"{name}@{alias} (the run stays as it was): run the same command "
-                             "again")
+    version = None
+    try:
+        with signals.atomic():  # a stop inside waits: no version is left without its alias
+            version = mlflow.register_model(model_uri, name, tags=all_tags)
+            tracker.client.set_registered_model_alias(name, alias, version.version)
+    except KeyboardInterrupt:
+        signals.leave_behind(
+            f"the model of run {run_id} was logged but not registered as {name}@{alias} (the "
+            "run stays as it was): run the same command again" if version is None
+            else _registered(name, alias, version.version, run_id))
         raise
+    # Said only if a stop comes before the command has printed it: the registration is done.
+    signals.leave_behind(_registered(name, alias, version.version, run_id))
     note(f"registered {name} version {version.version} ({serialization}) as {name}@{alias}")
     return Registered(name, str(version.version), alias, model_uri, serialization)
+
+
+def _registered(name: str, alias: str, version: str, run_id: str) -> str:
+    return (f"{name}@{alias} is version {version}, the model of run {run_id}: the "
+            "registration was complete")
 
 
 # What MLflow's registry accepts (mlflow.utils.validation), said in one line each; accel adds

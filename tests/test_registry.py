@@ -246,12 +246,18 @@ def test_stopping_a_registration_leaves_the_trials_run_finished(study, sig):
     assert client(store).get_run(run_id).info.status == "FINISHED"
     if sig == signal.SIGINT:  # the last line says what the stop left, and no run KILLED
         last = err.strip().splitlines()[-1]
+        done = ("stopped@champion is version "
+                f"{client(store).get_model_version_by_alias('stopped', 'champion').version}, "
+                f"the model of run {run_id}: the registration was complete"
+                if "registration was complete" in last else None)
         assert last in (
             f"accel: stopped by Ctrl-C; the model being logged into run {run_id} was marked "
             "FAILED (the run stays as it was): run the same command again",
             f"accel: stopped by Ctrl-C; the model of run {run_id} was logged but not "
             "registered as stopped@champion (the run stays as it was): run the same command "
-            "again"), err[-2000:]
+            "again",
+            # the stop came after the registration, before the command's last lines
+            f"accel: stopped by Ctrl-C; {done}"), err[-2000:]
 
 
 def digits_pngs(root, classes=None) -> int:
