@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 RECIPE = ROOT / "experiments" / "cifar10_fast.yaml"
-# name -> the overrides that take one ingredient out (or, for bf16, put one in)
+# name -> the overrides that take one ingredient out
 VARIANTS = {
     "recipe": [],
     "- whitened first layer (the stem conv)": ["model.whiten=0",
@@ -42,6 +42,7 @@ VARIANTS = {
     "- alternating flip (random)": ["data.flip=random"],
     "- 2 px translate (4 px)": ["data.translate=null"],
     "- multi-crop tta (flip tta)": ["eval.tta=flip"],
+    "- bf16 autocast (fp32)": ["train.amp=off"],
 }
 
 

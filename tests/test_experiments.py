@@ -87,3 +87,15 @@ def test_the_fast_recipe_bench_says_which_differences_are_beyond_noise():
     assert "-0.0200 [-0.0200, -0.0200] | lower" in rows["- worse"]
     assert "| no |" in rows["- mixed"] and "0.8133 (0.8100–0.8200)" in rows["- mixed"]
     assert rows["recipe"].startswith("| recipe | 0.8100 (0.8000–0.8200) |")
+
+
+def test_every_fast_recipe_variant_is_a_valid_config():
+    """Each variant of bench/fast_recipe.py loads over the recipe (a misspelt key or a value the
+    config refuses fails here, not an hour into the bench) and changes what it says it does."""
+    from accel import config
+    from bench.fast_recipe import RECIPE, VARIANTS
+
+    recipe = config.load(RECIPE, [])
+    for name, overrides in VARIANTS.items():
+        cfg = config.load(RECIPE, overrides)
+        assert (cfg == recipe) == (not overrides), name
