@@ -50,7 +50,10 @@ class DataConfig:
     # there per batch (accel.resident); no loader workers: num_workers and pin_memory go unused
     on_device: bool = False
     augment: bool = True  # random crop + flip on image datasets (not digits)
-    translate: int | None = None  # the random crop's zero padding in pixels; None = side // 8
+    translate: int | None = None  # the random crop's padding in pixels; None = side // 8
+    # what the crop's padding holds: zeros (black), or reflect: the image mirrored at its edges
+    # (airbench), so no crop shows a border that test images do not have
+    padding: str = "zeros"
     # random: each image mirrored with probability 1/2 in each pass; alternating (airbench, with
     # data.on_device): a random first choice per image, then mirrored in every other pass
     flip: str = "random"
@@ -73,6 +76,9 @@ class ModelConfig:
     # (computed at build time, so a rerun rebuilds it); 2 C k^2 channels in front of the model
     whiten: int = 0
     whiten_images: int = 5000
+    # the logits are the network's output times this (airbench's 1/9: a cooler softmax at the
+    # start and a smaller step of the logits for the head's updates); 1 = as the model is
+    head_scale: float = 1.0
 
 
 @dataclass
@@ -88,6 +94,10 @@ class TrainConfig:
     clip_grad_norm: float | None = None  # max global L2 norm of the gradients; None = off
     scheduler: str = "cosine"
     warmup_epochs: float = 0.0
+    # the learning rate as a fraction of train.lr where the warm-up starts and where the decay
+    # ends (airbench's triangle: 0.2 and 0.07, with the peak at 23% of training); 0 = from and to 0
+    lr_start: float = 0.0
+    lr_end: float = 0.0
     label_smoothing: float = 0.0
     # BatchNorm (airbench): the biases' learning rate is train.lr times this (no weight decay,
     # as for every norm and bias); frozen weights stay 1 (the scale is left to the next conv)

@@ -13,6 +13,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "nesterov")
 SCHEDULERS = ("cosine", "linear", "constant")
 TTA_MODES = ("none", "flip", "multicrop")
 FLIPS = ("random", "alternating")
+PADDINGS = ("zeros", "reflect")
 DEVICES = ("auto", "cpu", "cuda")
 METRICS = ("val_accuracy", "val_loss", "val_f1")  # what the evaluator reports after every epoch
 # A run's costs, for multi-objective studies: total training seconds (evaluation excluded),
@@ -79,6 +80,9 @@ def check(cfg: Any) -> None:
     _require("train.clip_grad_norm", t.clip_grad_norm,
              t.clip_grad_norm is None or t.clip_grad_norm > 0, "must be > 0 or null (off)")
     _require("train.warmup_epochs", t.warmup_epochs, t.warmup_epochs >= 0, "must be >= 0")
+    for key, value in (("train.lr_start", t.lr_start), ("train.lr_end", t.lr_end)):
+        _require(key, value, 0 <= value <= 1, "must be in [0, 1] (a fraction of train.lr)")
+    _require("model.head_scale", m.head_scale, m.head_scale > 0, "must be > 0 (1 = off)")
     _require("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1,
              "must be in [0, 1)")
     _require("train.bn_bias_lr_scale", t.bn_bias_lr_scale, t.bn_bias_lr_scale > 0,
@@ -109,6 +113,7 @@ def check(cfg: Any) -> None:
         ("search.metric", s.metric, METRICS), ("search.direction", s.direction, DIRECTIONS),
         ("search.sampler", s.sampler, SAMPLERS), ("search.pruner", s.pruner, PRUNERS),
         ("eval.tta", cfg.eval.tta, TTA_MODES), ("data.flip", d.flip, FLIPS),
+        ("data.padding", d.padding, PADDINGS),
     ):
         _choice(key, value, choices)
     _check_objectives(s)

@@ -71,14 +71,16 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], li
     return order[n_val:], order[:n_val]
 
 
-def _transforms(train: bool, size: int, native: int, mean, std, augment: bool, pad: int):
+def _transforms(train: bool, size: int, native: int, mean, std, augment: bool, pad: int,
+                padding: str = "zeros"):
     from torchvision.transforms import v2
 
     steps = [v2.ToImage()]
     if size != native:
         steps.append(v2.Resize((size, size), antialias=True))
     if train and augment:
-        steps += [v2.RandomCrop(size, padding=pad), v2.RandomHorizontalFlip()]
+        mode = "reflect" if padding == "reflect" else "constant"
+        steps += [v2.RandomCrop(size, padding=pad, padding_mode=mode), v2.RandomHorizontalFlip()]
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
     return v2.Compose(steps)
 
@@ -190,7 +192,7 @@ def _image_splits(cfg: Config, size_default: int):
     translate = d.translate if d.translate is not None else size // 8
 
     def build(split: str, train: bool):
-        tf = _transforms(train, size, native, mean, std, d.augment, translate)
+        tf = _transforms(train, size, native, mean, std, d.augment, translate, d.padding)
         if d.in_memory or d.on_device:
             images, labels, source = _decode_all(kind, root, split, mode)
             pad = translate if train and d.augment else 0
@@ -380,7 +382,7 @@ def _resident(cfg: Config, device: torch.device, train_ds, val_ds, test_ds, clas
     evaluation = max(batch, 256)
     return Data(
         train=resident_loader(train_ds, device, batch_size=batch, train=True, seed=seed,
-                              flip=cfg.data.flip),
+                              flip=cfg.data.flip, padding=cfg.data.padding),
         val=resident_loader(val_ds, device, batch_size=evaluation, train=False),
         test=(resident_loader(test_ds, device, batch_size=evaluation, train=False)
               if test_ds is not None else None),

@@ -88,17 +88,18 @@ def _param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-def lr_multiplier(update: int, *, total: int, warmup: int, kind: str) -> float:
-    """Linear warm-up over `warmup` updates, then constant, or cosine or linear decay to zero at
-    `total` updates."""
+def lr_multiplier(update: int, *, total: int, warmup: int, kind: str, start: float = 0.0,
+                  end: float = 0.0) -> float:
+    """Linear warm-up over `warmup` updates from `start`, then constant, or cosine or linear
+    decay to `end` at `total` updates (fractions of the learning rate)."""
     if update < warmup:
-        return (update + 1) / warmup
+        return start + (1.0 - start) * (update + 1) / warmup
     if kind == "constant":
         return 1.0
     progress = min(1.0, (update - warmup) / max(1, total - warmup))
     if kind == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return end + (1.0 - end) * (1.0 - progress)
+    return end + (1.0 - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def updates_per_epoch(epoch_length: int, accumulation_steps: int) -> int:
@@ -112,7 +113,8 @@ def build_scheduler(
     per_epoch = updates_per_epoch(epoch_length, t.accumulation_steps)
     total, warmup = t.epochs * per_epoch, round(t.warmup_epochs * per_epoch)
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda u: lr_multiplier(u, total=total, warmup=warmup, kind=t.scheduler)
+        optimizer, lambda u: lr_multiplier(u, total=total, warmup=warmup, kind=t.scheduler,
+                                           start=t.lr_start, end=t.lr_end)
     )
 
 

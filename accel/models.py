@@ -40,6 +40,8 @@ def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> 
         model = _create(cfg, **kwargs)
     if cfg.model.dirac_init:
         dirac_init(model)
+    if cfg.model.head_scale != 1:
+        model = ScaledLogits(model, cfg.model.head_scale)
     if k:
         model = Whitened(model, images_chans, k)
     for norm in batch_norms(model):
@@ -48,6 +50,17 @@ def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> 
         if cfg.train.bn_weight_frozen and norm.weight is not None:
             norm.weight.requires_grad_(False)  # stays at its init (1): no optimizer sees it
     return model
+
+
+class ScaledLogits(torch.nn.Module):
+    """`net`'s logits times a constant (model.head_scale; airbench's 1/9)."""
+
+    def __init__(self, net: torch.nn.Module, scale: float):
+        super().__init__()
+        self.net, self.scale = net, scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.scale
 
 
 class Whitened(torch.nn.Module):

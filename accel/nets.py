@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# name -> (stem width, conv group widths); one max-pool per group
+# name -> (stem width, conv group widths, ceil); one max-pool per group, which rounds an odd
+# side up (ceil) or down: a whitened 7 px digit keeps a pixel to its last group only with ceil;
+# a whitened 31 px CIFAR image goes 31 -> 15 -> 7 -> 3 with floor, as in airbench94
 WIDTHS = {
-    "accel_cnn_s": (24, (32, 64, 128)),  # the quickstart's: digits at 8 px, ~0.2 M parameters
-    "accel_cnn_m": (64, (64, 256, 256)),  # CIFAR-10 at 32 px, ~2 M parameters (airbench94 widths)
+    "accel_cnn_s": (24, (32, 64, 128), True),  # the quickstart's: digits at 8 px, ~0.2 M params
+    "accel_cnn_m": (64, (64, 256, 256), False),  # CIFAR-10 at 32 px, ~2 M (airbench94's widths)
 }
 
 
@@ -24,9 +26,9 @@ def conv_bn(c_in: int, c_out: int) -> list[nn.Module]:
 
 
 class ConvGroup(nn.Sequential):
-    def __init__(self, c_in: int, c_out: int):
+    def __init__(self, c_in: int, c_out: int, ceil: bool = True):
         first, bn, act = conv_bn(c_in, c_out)
-        super().__init__(first, nn.MaxPool2d(2, ceil_mode=True), bn, act, *conv_bn(c_out, c_out))
+        super().__init__(first, nn.MaxPool2d(2, ceil_mode=ceil), bn, act, *conv_bn(c_out, c_out))
 
 
 class AccelCNN(nn.Module):
@@ -35,14 +37,14 @@ class AccelCNN(nn.Module):
 
     def __init__(self, num_classes: int = 1000, in_chans: int = 3, stem: int = 24,
                  widths: tuple[int, ...] = (32, 64, 128), drop_rate: float = 0.0,
-                 whitened: bool = False):
+                 whitened: bool = False, ceil: bool = True):
         super().__init__()
         self.num_classes, self.num_features = num_classes, widths[-1]
         if whitened:
             self.stem, stem = nn.GELU(), in_chans
         else:
             self.stem = nn.Sequential(*conv_bn(in_chans, stem))
-        self.groups = nn.Sequential(*(ConvGroup(a, b)
+        self.groups = nn.Sequential(*(ConvGroup(a, b, ceil)
                                       for a, b in zip((stem, *widths), widths, strict=False)))
         self.pool = nn.AdaptiveMaxPool2d(1)
         self.drop = nn.Dropout(drop_rate)
@@ -67,13 +69,14 @@ class AccelCNN(nn.Module):
 
 
 def _entrypoint(name: str):
-    stem, widths = WIDTHS[name]
+    stem, widths, ceil = WIDTHS[name]
 
     def create(pretrained: bool = False, *, pretrained_cfg=None, pretrained_cfg_overlay=None,
                cache_dir=None, **kwargs) -> AccelCNN:
         if pretrained:
             raise ValueError(f"{name} has no pretrained weights")
-        return AccelCNN(stem=stem, widths=widths, **kwargs)  # img_size: TypeError, as for CNNs
+        # img_size: a TypeError, as for timm's CNNs
+        return AccelCNN(stem=stem, widths=widths, ceil=ceil, **kwargs)
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__

@@ -25,7 +25,7 @@ class ResidentLoader:
     """Batches of a split that lives on `device`. Images are uint8 [N, C, H, W] (normalised per
     batch with `mean`/`std` in [0, 1] units) or float tensors already normalised (`mean=None`).
 
-    `pad > 0` augments: a random crop of the zero-padded image and a horizontal flip, random
+    `pad > 0` augments: a random crop of the padded image (`padding`) and a horizontal flip, random
     per pass (`flip="random"`) or, `"alternating"` (airbench), drawn once per image and then
     reversed every other pass (`passes` counts them; a checkpoint keeps the count).
     `rank` of `world` takes positions rank, rank + world, ... of each global batch."""
@@ -35,7 +35,7 @@ class ResidentLoader:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, dataset, batch_size: int,
                  device: torch.device, mean=None, std=None, pad: int = 0, shuffle: bool = False,
                  drop_last: bool = False, generator: torch.Generator | None = None,
-                 rank: int = 0, world: int = 1, flip: str = "random"):
+                 rank: int = 0, world: int = 1, flip: str = "random", padding: str = "zeros"):
         self.images, self.labels = images.to(device), labels.to(device)
         self.rank, self.world = rank, world
         self.passes = 0
@@ -43,7 +43,7 @@ class ResidentLoader:
         if flip == "alternating" and pad:
             self.first_flips = torch.rand(len(labels), generator=generator) < 0.5
         self.dataset = dataset  # the source (lineage digests read it as for a DataLoader)
-        self.batch_size, self.device, self.pad = batch_size, device, pad
+        self.batch_size, self.device, self.pad, self.padding = batch_size, device, pad, padding
         self.shuffle, self.drop_last, self.generator = shuffle, drop_last, generator
         self.shift = self.scale = None
         if mean is not None:  # (x / 255 - mean) / std == (x - 255 mean) / (255 std)
@@ -77,18 +77,19 @@ class ResidentLoader:
             idx = order[i * step:(i + 1) * step][self.rank::self.world]
             x = self.images[idx]
             if offsets is not None:
-                x = crop_flip(x, self.pad, offsets[idx], flips[idx])
+                x = crop_flip(x, self.pad, offsets[idx], flips[idx], self.padding)
             if self.shift is not None:
                 x = (x.float() - self.shift) / self.scale
             yield x, self.labels[idx]
 
 
-def crop_flip(x: torch.Tensor, pad: int, offsets: torch.Tensor,
-              flips: torch.Tensor) -> torch.Tensor:
-    """Each image's own crop of its zero-padded copy, mirrored where `flips` says: one gather.
-    `offsets[i] = (top, left)` in the padded image, each in [0, 2 * pad]."""
+def crop_flip(x: torch.Tensor, pad: int, offsets: torch.Tensor, flips: torch.Tensor,
+              padding: str = "zeros") -> torch.Tensor:
+    """Each image's own crop of its padded copy (zeros, or `padding="reflect"`: mirrored at
+    the edges), mirrored where `flips` says: one gather. `offsets[i] = (top, left)` in the
+    padded image, each in [0, 2 * pad]."""
     b, c, h, w = x.shape
-    padded = F.pad(x, (pad, pad, pad, pad))
+    padded = F.pad(x, (pad, pad, pad, pad), mode="reflect" if padding == "reflect" else "constant")
     rows = offsets[:, :1] + torch.arange(h, device=x.device)  # [B, h]
     cols = offsets[:, 1:] + torch.arange(w, device=x.device)  # [B, w]
     cols = torch.where(flips[:, None], cols.flip(1), cols)  # crop, then mirror: columns reversed
@@ -131,7 +132,7 @@ def first_images(ds, n: int) -> torch.Tensor:
 
 
 def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
-                    seed: int = 0, flip: str = "random") -> ResidentLoader:
+                    seed: int = 0, flip: str = "random", padding: str = "zeros") -> ResidentLoader:
     """A split of `accel.data` as a `ResidentLoader`; training: shuffled, augmented, seeded.
     Several ranks: training shares each global batch out, evaluation takes every world-th image."""
     from accel import ranks
@@ -153,5 +154,6 @@ def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
         images, labels, dataset=ds, batch_size=batch_size, device=device, pad=pad,
         shuffle=train, drop_last=train and len(labels) > batch_size,
         generator=torch.Generator().manual_seed(seed) if train else None,
-        rank=rank if train else 0, world=world if train else 1, flip=flip, **spec,
+        rank=rank if train else 0, world=world if train else 1, flip=flip, padding=padding,
+        **spec,
     )

@@ -146,6 +146,30 @@ def test_linear_schedule_decays_to_zero_after_the_warm_up():
     assert [f(6), f(8), f(10)] == pytest.approx([0.5, 0.25, 0.0])
 
 
+def test_the_schedule_starts_and_ends_at_the_given_fractions_of_the_lr():
+    """airbench's triangle: 0.2 of the lr at the first update, the peak after the warm-up,
+    0.07 at the end; the optimizer sees exactly these rates."""
+    model = nn.Linear(3, 2)
+    t = TrainConfig(optimizer="nesterov", lr=2.0, epochs=1, scheduler="linear", warmup_epochs=0.5,
+                    lr_start=0.2, lr_end=0.07)
+    optimizer = E.build_optimizer(model, t)
+    scheduler = E.build_scheduler(optimizer, t, epoch_length=8)  # 8 updates, 4 of warm-up
+    # the rates of updates 0..7 and the one after the last
+    seen = []
+    for _ in range(8):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    seen.append(optimizer.param_groups[0]["lr"])
+    warm = [2.0 * (0.2 + 0.8 * u / 4) for u in (1, 2, 3, 4)]
+    decay = [2.0 * (0.07 + 0.93 * (1 - p / 4)) for p in (0, 1, 2, 3, 4)]
+    assert seen == pytest.approx(warm + decay)
+    assert seen[0] == pytest.approx(0.4 + 0.4)  # the first update: 0.2 + 0.8 / 4 of the lr
+    assert seen[-1] == pytest.approx(2.0 * 0.07)
+    cosine = E.lr_multiplier(10, total=10, warmup=2, kind="cosine", start=0.2, end=0.07)
+    assert cosine == pytest.approx(0.07)
+
+
 def test_nesterov_is_sgd_with_nesterov_momentum_and_sgd_is_heavy_ball():
     model = nn.Linear(3, 2)
     nesterov = E.build_optimizer(model, TrainConfig(optimizer="nesterov", lr=0.1, momentum=0.8))

@@ -108,7 +108,8 @@ def test_reproduce_is_exact_and_tagged(original, capsys):
 
 def test_a_run_with_the_fast_recipes_ingredients_reproduces_exactly(original, tmp_path, capsys):
     """Dirac init, multi-crop TTA, the BatchNorm settings, the whitened first layer (refitted
-    from the data), the moving average and alternating flips (airbench's ingredients) come back
+    from the data), the moving average, alternating flips, the scaled logits and the triangle
+    schedule's ends (airbench's ingredients) come back
     from the logged config: the rerun's metrics are bitwise the run's."""
     store = _initialised_store(original, tmp_path / "store")
     run = _train_into(store, experiment="ingredients",
@@ -117,6 +118,8 @@ def test_a_run_with_the_fast_recipes_ingredients_reproduces_exactly(original, tm
                              "train.bn_bias_lr_scale=64", "train.bn_weight_frozen=true",
                              "model.whiten=2", "model.whiten_images=100",
                              "train.whiten_bias_epochs=1", "train.ema_decay=0.9",
+                             "model.head_scale=0.111", "train.lr_start=0.2",
+                             "train.lr_end=0.07", "train.warmup_epochs=0.5",
                              "data.on_device=true", "data.flip=alternating"))
     logged = _client(run.uri).get_run(run.run_id)
     assert logged.data.params["model.dirac_init"] == "True"
@@ -124,6 +127,7 @@ def test_a_run_with_the_fast_recipes_ingredients_reproduces_exactly(original, tm
     assert logged.data.params["train.bn_bias_lr_scale"] == "64.0"
     assert logged.data.params["model.whiten"] == "2"
     assert logged.data.params["train.ema_decay"] == "0.9"
+    assert logged.data.params["model.head_scale"] == "0.111"
     assert cli.main(["reproduce", run.run_id, "--tracking-uri", run.uri]) == 0
     assert "(exactly)" in capsys.readouterr().out
     [rerun] = _reruns_of(run.uri, run.run_id)

@@ -168,6 +168,43 @@ def test_crop_flip_zero_offsets_no_flip_is_the_padded_corner():
     assert torch.equal(out[1], shifted.flip(-1))
 
 
+def test_reflect_padding_mirrors_the_image_at_its_edges():
+    """data.padding=reflect: the top-left crop of a 3x3 image padded by 1 starts one row and
+    one column outside it, mirrored about the edge pixels (no zeros)."""
+    x = torch.arange(9, dtype=torch.uint8).view(1, 1, 3, 3)  # rows 0 1 2 / 3 4 5 / 6 7 8
+    out = crop_flip(x, 1, torch.tensor([[0, 0]]), torch.tensor([False]), "reflect")
+    assert out[0, 0].tolist() == [[4, 3, 4], [1, 0, 1], [4, 3, 4]]
+    zeros = crop_flip(x, 1, torch.tensor([[0, 0]]), torch.tensor([False]))
+    assert zeros[0, 0].tolist() == [[0, 0, 0], [0, 0, 1], [0, 3, 4]]
+
+
+@pytest.mark.parametrize("on_device", [True, False])
+def test_a_grey_image_padded_by_reflection_never_shows_a_black_border(tmp_path, on_device):
+    """Both training paths take data.padding: images of one grey level, cropped from a 4 px
+    padding, hold only that grey with reflect and black pixels with zeros."""
+    from PIL import Image
+
+    from accel.data import IMAGENET_MEAN, IMAGENET_STD
+
+    root = tmp_path / "grey"
+    for split in ("train", "test"):
+        for c in ("a", "b"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (16, 16), (128, 128, 128)).save(root / split / c / f"{i}.png")
+    seen = {}
+    for padding in ("zeros", "reflect"):
+        cfg = image_cfg(root, f"data.padding={padding}", "data.translate=4",
+                        f"data.on_device={on_device}", "data.in_memory=true")
+        data = build_data(cfg, CPU)
+        pixels = torch.cat([as_uint8(x, IMAGENET_MEAN, IMAGENET_STD).flatten()
+                            for _ in range(3)
+                            for x, _ in data.train])
+        seen[padding] = set(pixels.unique().tolist())
+    assert seen["reflect"] == {128}
+    assert 0 in seen["zeros"] and 128 in seen["zeros"]
+
+
 def test_a_resumed_pass_hands_out_the_same_remaining_batches(folder):
     cfg = image_cfg(folder, "data.on_device=true", "train.batch_size=4")
 

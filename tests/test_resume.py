@@ -455,6 +455,8 @@ def test_a_run_with_every_fast_ingredient_resumed_inside_a_pass_ends_as_the_unin
              "train.ema_decay=0.9", "train.bn_bias_lr_scale=64", "train.bn_weight_frozen=true",
              "eval.tta=multicrop", "train.optimizer=nesterov", "train.lr=0.05",
              "train.label_smoothing=0.2", "train.scheduler=linear", "train.epochs=3",
+             "model.head_scale=0.111", "train.lr_start=0.2", "train.lr_end=0.07",
+             "train.warmup_epochs=0.5",
              "train.batch_size=8", "train.epoch_length=4", "train.device=cpu",
              "tracking.system_metrics=false"]
     resumed, reference, said = stopped_and_resumed(every, 2, tmp_path)

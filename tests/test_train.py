@@ -642,6 +642,42 @@ def test_the_moving_average_is_what_is_evaluated_kept_and_logged(tmp_path, monke
     assert any(not torch.equal(best[k], v) for k, v in trained.state_dict().items())
 
 
+def test_head_scale_multiplies_the_logits_and_nothing_else():
+    """model.head_scale=0.125: the same initial weights (one seed), logits 1/8 of the plain
+    model's; the parameters and their names are the network's own under `net.`."""
+    from accel.models import build_model
+
+    base = ["data.dataset=digits", "model.name=accel_cnn_s", "model.img_size=8"]
+    torch.manual_seed(0)
+    plain = build_model(config.load(None, base), 10, 1, 8)
+    torch.manual_seed(0)
+    scaled = build_model(config.load(None, [*base, "model.head_scale=0.125"]), 10, 1, 8)
+    assert [f"net.{k}" for k in plain.state_dict()] == list(scaled.state_dict())
+    x = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():  # training mode: BatchNorm on the batch's statistics, logits of order 1
+        logits, base_logits = scaled(x), plain(x)
+    assert base_logits.abs().mean() > 0.1
+    assert torch.allclose(logits, 0.125 * base_logits, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name, side, sides", [("accel_cnn_m", 31, [15, 7, 3]),
+                                               ("accel_cnn_s", 7, [4, 2, 1])])
+def test_accel_nets_pool_a_whitened_image_down_to_their_last_group(name, side, sides):
+    """Behind a 2x2 whitening layer the side is odd: accel_cnn_m rounds down as airbench94 does
+    (31 -> 15 -> 7 -> 3), accel_cnn_s rounds up, so a 7 px digit keeps a pixel to its end."""
+    import timm
+
+    from accel import nets
+
+    nets.register()
+    net = timm.create_model(name, num_classes=10, in_chans=24, whitened=True)
+    seen = []
+    for pool in (m for m in net.modules() if isinstance(m, torch.nn.MaxPool2d)):
+        pool.register_forward_hook(lambda mod, i, out: seen.append(out.shape[-1]))
+    assert net(torch.randn(2, 24, side, side)).shape == (2, 10)
+    assert seen == sides
+
+
 WHITENED = ["data.dataset=digits", "model.name=accel_cnn_s", "model.img_size=8",
             "train.device=cpu", "data.num_workers=0", "model.whiten=2",
             "model.whiten_images=300", "train.batch_size=32", "train.epoch_length=4"]
