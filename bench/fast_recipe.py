@@ -11,7 +11,7 @@
    "beyond noise" says whether the interval excludes 0. Few seeds give a coarse interval.
 
     python -m accel.shared_data                 # the shared CIFAR-10, extracted once
-    python bench/fast_recipe.py                 # both parts (about an hour on 2 cores)
+    python bench/fast_recipe.py                 # both parts (over an hour on 2 cores)
     python bench/fast_recipe.py --skip-ingredients
     python bench/fast_recipe.py --skip-recipe --rounds 3
 
@@ -43,6 +43,8 @@ VARIANTS = {
     "- 2 px translate (4 px)": ["data.translate=null"],
     "- multi-crop tta (flip tta)": ["eval.tta=flip"],
     "- bf16 autocast (fp32)": ["train.amp=off"],
+    "- logits scaled by 1/9 (1)": ["model.head_scale=1"],
+    "- triangle schedule's ends (from and to 0)": ["train.lr_start=0", "train.lr_end=0"],
 }
 
 
