@@ -152,12 +152,15 @@ class EpochStats:
 
 class HeldParameter:
     """A parameter that trains for `epochs` epochs and then stays where they left it
-    (train.whiten_bias_epochs): from the next epoch on, put back after every update. It keeps
-    its gradient and its place in the optimizer, so the ranks' gradient buckets stay whole; a
-    resumed run holds the value its checkpoint has, which is that one."""
+    (train.whiten_bias_epochs): from the next epoch on, put back after every update. One process
+    then stops its gradient too (`drop_grad`), which spares the backward pass the gradient of
+    everything below it (for the whitening bias: the first convolution's input gradient, 5% of
+    a step of the fast recipe). Several ranks keep it and its place in the optimizer, so their
+    gradient buckets stay whole. A resumed run holds the value its checkpoint has, which is
+    that one."""
 
-    def __init__(self, param: torch.nn.Parameter, epochs: int):
-        self.param, self.epochs = param, epochs
+    def __init__(self, param: torch.nn.Parameter, epochs: int, *, drop_grad: bool = False):
+        self.param, self.epochs, self.drop_grad = param, epochs, drop_grad
         self.value: torch.Tensor | None = None
 
     def attach(self, trainer: Engine) -> None:
@@ -166,6 +169,9 @@ class HeldParameter:
     def _hold(self, engine: Engine) -> None:
         if engine.state.epoch > self.epochs:
             self.value = self.param.detach().clone()
+            if self.drop_grad:
+                self.param.requires_grad_(False)
+                self.param.grad = None
 
     def put_back(self) -> None:
         if self.value is not None:

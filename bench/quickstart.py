@@ -57,10 +57,12 @@ def run_once(overrides: list[str], store: str, env: dict[str, str] | None = None
         raise SystemExit(f"accel train {' '.join(overrides)} failed:\n{proc.stderr[-2000:]}")
     run_id, in_run = RUN_LINE.search(proc.stdout).groups()
     client = MlflowClient(store)
-    history = {key: [m.value for m in client.get_metric_history(run_id, key)]
+    history = {key: [m.value for m in sorted(client.get_metric_history(run_id, key),
+                                             key=lambda m: m.step)]
                for key in ("epoch_time_s", "val_accuracy")}
     return {"wall_s": wall, "run_s": float(in_run), "train_s": sum(history["epoch_time_s"]),
-            "best_val_accuracy": max(history["val_accuracy"])}
+            "best_val_accuracy": max(history["val_accuracy"]),
+            "last_epoch_s": history["epoch_time_s"][-1]}
 
 
 def spread(values: list[float]) -> str:
@@ -83,7 +85,8 @@ def main() -> None:
     print("| contender | overrides | wall s | in-run s | training s | best val_accuracy |")
     print("|---|---|---|---|---|---|")
     for name, rows in results.items():
-        cells = [spread([row[k] for row in rows]) for k in rows[0]]
+        cells = [spread([row[k] for row in rows])
+                 for k in ("wall_s", "run_s", "train_s", "best_val_accuracy")]
         print(f"| {name} | {' '.join(CONTENDERS[name]) or '(default)'} | {' | '.join(cells)} |")
     for key in ("wall_s", "run_s", "train_s"):
         per_round = [n[key] / o[key] for n, o in zip(results["new"], results["old"], strict=True)]

@@ -216,3 +216,22 @@ def device_of(name: str) -> torch.device:
                               f"{torch.cuda.device_count()} CUDA device(s) are visible")
         torch.cuda.set_device(device)
     return device
+
+
+def keep_freed_memory(keep: bool) -> bool:
+    """train.keep_freed_memory, for this process (glibc only; returns whether it applied). A
+    CPU training step frees and allocates again activations of tens of MB; glibc hands every
+    block over its mmap threshold back to the kernel when freed and maps it afresh, so each step
+    page-faults its activations in again (40,000 faults a step for the fast recipe, 18% of its
+    epoch: `bench/cpu_malloc.py`). Kept, such blocks are reused from the heap, as jemalloc or
+    tcmalloc would. Off: glibc's defaults (a 128 KiB threshold for both)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    mallopt = getattr(ctypes.CDLL(name), "mallopt", None) if name else None
+    if mallopt is None or "libc.so" not in name:
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4
+    mmap_max, trim = (0, 2**31 - 1) if keep else (65536, 128 * 1024)
+    return bool(mallopt(m_mmap_max, mmap_max)) and bool(mallopt(m_trim_threshold, trim))

@@ -51,6 +51,8 @@ def build(cfg: Config) -> Parts:
     t = cfg.train
     models.check_model_name(cfg.model.name)  # a bad name fails before any data is read
     device = launch.device_of(t.device)
+    if device.type == "cpu":
+        launch.keep_freed_memory(t.keep_freed_memory)
     seed_everything(t.seed, t.deterministic)
     data = build_data(cfg, device)
     say_notes()  # the data is there: what the config adapted to it (config.follow_the_data)
@@ -107,7 +109,8 @@ def _after_update(t, bare: torch.nn.Module, averaged):
     optimizer update: that bias put back, then the moving average, which so sees the weights
     the next update starts from)."""
     whitening = models.whitening_layer(bare)
-    held = (engine.HeldParameter(whitening.bias, t.whiten_bias_epochs)
+    held = (engine.HeldParameter(whitening.bias, t.whiten_bias_epochs,
+                                 drop_grad=ranks.world_size() == 1)
             if whitening is not None and t.whiten_bias_epochs is not None else None)
 
     def after_update() -> None:
