@@ -44,10 +44,14 @@ def reset_peak_memory(device) -> None:
     """Each run reports its own peak, not the process's so far.
 
     CUDA: `train` resets the allocator's counter itself. CPU: `train` reads the process's max
-    RSS, which Linux resets to the current RSS when "5" is written to /proc/self/clear_refs.
+    RSS, which Linux resets to the current RSS when "5" is written to /proc/self/clear_refs,
+    after the memory earlier runs freed and the process kept (train.keep_freed_memory) went back.
     """
     if device.type != "cpu":
         return
+    from accel.train.launch import release_freed_memory
+
+    release_freed_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

@@ -218,6 +218,23 @@ def device_of(name: str) -> torch.device:
     return device
 
 
+def _libc_function(name: str):
+    """glibc's function `name` (ctypes), or None on another C library."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(libc), name, None) if libc and "libc.so" in libc else None
+
+
+def release_freed_memory() -> None:
+    """Hands what the process keeps (`keep_freed_memory`) back to the kernel now: before a
+    measurement of one run's peak memory in a process that ran others (`accel ablate`)."""
+    malloc_trim = _libc_function("malloc_trim")
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
 def keep_freed_memory(keep: bool) -> bool:
     """train.keep_freed_memory, for this process (glibc only; returns whether it applied). A
     CPU training step frees and allocates again activations of tens of MB; glibc hands every
@@ -225,12 +242,8 @@ def keep_freed_memory(keep: bool) -> bool:
     page-faults its activations in again (40,000 faults a step for the fast recipe, 18% of its
     epoch: `bench/cpu_malloc.py`). Kept, such blocks are reused from the heap, as jemalloc or
     tcmalloc would. Off: glibc's defaults (a 128 KiB threshold for both)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    mallopt = getattr(ctypes.CDLL(name), "mallopt", None) if name else None
-    if mallopt is None or "libc.so" not in name:
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
         return False
     m_trim_threshold, m_mmap_max = -1, -4
     mmap_max, trim = (0, 2**31 - 1) if keep else (65536, 128 * 1024)
