@@ -239,12 +239,18 @@ def keep_freed_memory(keep: bool) -> bool:
     """train.keep_freed_memory, for this process (glibc only; returns whether it applied). A
     CPU training step frees and allocates again activations of tens of MB; glibc hands every
     block over its mmap threshold back to the kernel when freed and maps it afresh, so each step
-    page-faults its activations in again (40,000 faults a step for the fast recipe, 18% of its
-    epoch: `bench/cpu_malloc.py`). Kept, such blocks are reused from the heap, as jemalloc or
-    tcmalloc would. Off: glibc's defaults (a 128 KiB threshold for both)."""
+    page-faults its activations in again (40,000 faults a step for the fast recipe, whose epoch
+    that made 1.37x as long: `bench/cpu_step.py`). Kept, such blocks are reused from the heap,
+    as jemalloc or tcmalloc would. Off after on (a study's next trial): glibc's default limits,
+    128 KiB each; off in a process that never kept: nothing changes."""
+    global _kept
     mallopt = _libc_function("mallopt")
-    if mallopt is None:
+    if mallopt is None or not (keep or _kept):
         return False
     m_trim_threshold, m_mmap_max = -1, -4
     mmap_max, trim = (0, 2**31 - 1) if keep else (65536, 128 * 1024)
+    _kept = keep
     return bool(mallopt(m_mmap_max, mmap_max)) and bool(mallopt(m_trim_threshold, trim))
+
+
+_kept = False  # whether keep_freed_memory(True) is in force
