@@ -32,7 +32,7 @@ RECIPE = "experiments/cifar10_fast.yaml"
 TRAIN_IMAGES = 45_000
 
 
-def page_faults(overrides: list[str], store: str) -> tuple[float, int]:
+def timed_run(overrides: list[str], store: str) -> tuple[float, int]:
     """(the last epoch's seconds, the child's minor page faults) of one `accel train`."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
     row = run_once(overrides, store)
@@ -51,7 +51,7 @@ def allocator(rounds: int, steps: int, batch: int) -> None:
         store = new_store(Path(tmp) / "store")
         for r in range(rounds):
             for name, extra in settings.items():
-                seconds, n = page_faults([*common, *extra], store)
+                seconds, n = timed_run([*common, *extra], store)
                 times[name].append(seconds * scale)
                 faults[name].append(n)
                 print(f"round {r + 1} freed memory {name}: {seconds * scale:.1f} s/epoch, "
@@ -97,6 +97,7 @@ def bias_gradient(rounds: int, steps: int) -> None:
     for name, t in times.items():
         print(f"  {name:8s} {summary(t)}")
     print_ratio(times, "dropped", "kept", "step time dropped / kept", ".3f")
+    built.data.close()
 
 
 def main() -> None:
