@@ -110,15 +110,17 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     import os
-    import subprocess
 
-    from accel import console
+    from accel import console, foreground
     from accel.tracking import Tracker
     from accel.tracking.store import ui_pages
 
     tracker = Tracker(args.tracking_uri)  # creates the local store if it is missing
     # The store goes by environment, not argv: a URL's password never shows in `ps`.
     env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": with_driver(tracker.uri)}
+    # MLflow's job runner (a huey runner and its consumer processes) serves GenAI features accel
+    # does not use: off, unless asked for.
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     # One worker: MLflow's default of 4 uvicorn processes is a server's, not a laptop's.
     cmd = [sys.executable, "-m", "mlflow", "ui", "--host", "127.0.0.1", "--port", str(args.port),
            "--workers", str(args.workers)]
@@ -134,7 +136,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         print(f"  {name}: {page}", file=sys.stderr)
     if not args.no_browser:
         console.open_when_serving(base, first)
-    return subprocess.call(cmd, env=env)
+    return foreground.run_group(cmd, env)  # any stop of accel stops the whole server
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

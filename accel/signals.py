@@ -71,6 +71,14 @@ def ignore_stops() -> None:
     """While clean-up runs: a second Ctrl-C or SIGTERM must not interrupt it."""
     for s in STOP_SIGNALS:
         signal.signal(s, _swallow)
+    if signal.getsignal(signal.SIGHUP) is _stop_once:
+        signal.signal(signal.SIGHUP, _swallow)
+
+
+def stop_on_hangup():
+    """SIGHUP (the terminal closing) stops as SIGINT and SIGTERM do, for a command whose work is
+    a server in the foreground; returns the previous handler, for `signal.signal`."""
+    return signal.signal(signal.SIGHUP, _stop_once)
 
 
 def _record(signum, frame) -> None:
@@ -125,7 +133,8 @@ def exit_code() -> int:
 
 def stopped_by() -> str:
     """What stopped this process, for its last line."""
-    return "SIGTERM" if _received and _received[-1] == signal.SIGTERM else "Ctrl-C"
+    last = _received[-1] if _received else signal.SIGINT
+    return "Ctrl-C" if last == signal.SIGINT else signal.Signals(last).name
 
 
 def leave_behind(line: str) -> None:

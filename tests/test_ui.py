@@ -6,6 +6,8 @@ script named in $BROWSER that records the link it is given (Python's `webbrowser
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -72,12 +74,12 @@ def test_accel_ui_opens_the_browser_at_the_model_training_view(tmp_path, store):
 @pytest.mark.parametrize("flags,opened", [([], True), (["--no-browser"], False)])
 def test_no_browser_skips_it_and_the_link_is_printed_either_way(store, monkeypatch, capsys,
                                                                 flags, opened):
-    from accel import console
+    from accel import console, foreground
     from accel.cli import main
 
     uri, experiment_id = store
     calls, servers = [], []
-    monkeypatch.setattr(subprocess, "call",  # no server: the flag's effect
+    monkeypatch.setattr(foreground, "run_group",  # no server: the flag's effect
                         lambda cmd, env: servers.append(cmd) or 0)
     monkeypatch.setattr(console, "open_when_serving", lambda *a: calls.append(a))
     assert main(["ui", "--tracking-uri", uri, "--port", "5123", *flags]) == 0
@@ -102,3 +104,82 @@ def test_a_browser_is_opened_only_where_one_can_be_shown(monkeypatch):
     monkeypatch.delenv("DISPLAY")
     monkeypatch.setenv("BROWSER", "firefox")
     assert browser_available()
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below `pid` (children, their children, ...): {pid: command line}."""
+    parent, cmdline = {}, {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(f"/proc/{entry.name}/stat").read_text()
+                cmdline[int(entry.name)] = Path(f"/proc/{entry.name}/cmdline").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[2])
+    found, frontier = {}, [pid]
+    while frontier:
+        here = frontier.pop()
+        for child, ppid in parent.items():
+            if ppid == here and child not in found:
+                found[child] = cmdline[child].replace("\0", " ")
+                frontier.append(child)
+    return found
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an ended process its new parent has not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=lambda s: s.name)
+def test_any_stop_of_accel_ui_stops_its_whole_server(tmp_path, store, sig):
+    """`kill -TERM`, Ctrl-C or the terminal closing (SIGHUP), sent to the `accel ui` process
+    alone: it exits with 128 + the signal, the port is free and none of the processes it
+    started is left. MLflow's job runner (huey consumers) is not started at all."""
+    uri, _ = store
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"}
+    log = tmp_path / "ui.err"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "accel", "ui", "--tracking-uri", uri,
+                                 "--port", str(port), "--no-browser"], cwd=tmp_path, env=env,
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
+    started: dict[int, str] = {}
+    try:
+        deadline = time.time() + WAIT_S
+        while not listening(port) and time.time() < deadline:
+            assert proc.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.5)
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).close()
+        started = descendants(proc.pid)
+        assert started, "accel ui started no server process"
+        jobs = [c for c in started.values() if "huey" in c or "mlflow.server.jobs" in c]
+        assert not jobs, f"MLflow's job runner was started: {jobs}"
+        os.kill(proc.pid, sig)  # to accel alone, as `kill` does; not to its process group
+        assert proc.wait(timeout=60) == 128 + sig, log.read_text()[-2000:]
+        deadline = time.time() + 30
+        while (listening(port) or any(map(running, started))) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not listening(port), f"port {port} still answers after {sig.name}"
+        left = {pid: cmd for pid, cmd in started.items() if running(pid)}
+        assert not left, f"left running after {sig.name}: {left}"
+        assert log.read_text().rstrip().endswith(
+            f"accel: stopped by {'Ctrl-C' if sig == signal.SIGINT else sig.name}")
+    finally:
+        for pid in [proc.pid, *started]:  # whatever a failure left behind
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
