@@ -37,11 +37,11 @@ def load_config(items: list[str]) -> Config:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from accel.train import describe, launch, train
-
     # a named experiment keeps its name on other data
     named = [f"tracking.experiment={args.experiment}"] if args.experiment else []
-    cfg = load_config([*args.items, *named, *_nproc(args)])
+    cfg = load_config([*args.items, *named, *_nproc(args)])  # bad input: before torch loads
+    from accel.train import describe, launch, train
+
     if args.tracking_uri:
         cfg.tracking.uri = args.tracking_uri
     result = train(cfg)
@@ -51,13 +51,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    cfg = load_config([*args.items, *_nproc(args)])  # bad input: before torch loads
     from accel import tune
     from accel.train import launch
 
     if launch.torchrun():
         raise ConfigError("accel tune starts each trial's ranks itself: run it without torchrun,"
                           " with --nproc-per-node N")
-    return tune.cli_tune(args, load_config([*args.items, *_nproc(args)]))
+    return tune.cli_tune(args, cfg)
 
 
 def _nproc(args: argparse.Namespace) -> list[str]:
@@ -103,9 +104,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
+    cfg = load_config(args.items)  # bad input: before torch loads
     from accel import ablation
 
-    return ablation.cli_ablate(args, load_config(args.items))
+    return ablation.cli_ablate(args, cfg)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
