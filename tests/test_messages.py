@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 
 HEAVY = ("torch", "timm", "ignite", "mlflow", "optuna")
 
@@ -26,3 +26,27 @@ def test_a_bad_config_key_answers_before_the_heavy_libraries_load(command):
     assert not sorted(m for m in imported if m.split(".")[0] in HEAVY)
     [error] = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
     assert error.startswith("accel: error: unknown config key 'train.lrr'; did you mean train.lr")
+
+
+def one_error_line(*args: str) -> str:
+    proc = run_cli(*args, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    return line
+
+
+def test_optional_arguments_are_not_listed_as_required():
+    line = one_error_line("evaluate")
+    assert "required: MODEL_URI (see `accel evaluate --help`)" in line, line
+    assert "[CONFIG]" not in line
+
+
+@pytest.mark.parametrize("argv,meant", [
+    (["tune", "--n-trails", "5"], "--n-trials"),
+    (["tune", "--n-trails=5"], "--n-trials"),
+    (["best", "--study", "s", "--registr", "x"], "--register"),
+    (["trian"], "train"),
+])
+def test_a_mistyped_option_or_command_gets_what_was_meant(argv, meant):
+    line = one_error_line(*argv)
+    assert f"; did you mean {meant}? (see `accel" in line, line
