@@ -81,6 +81,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if launch.torchrun():
         raise ConfigError("accel tune starts each trial's ranks itself: run it without torchrun,"
                           " with --nproc-per-node N")
+    if args.slurm is not None:
+        from accel.tune import slurm
+
+        return slurm.cli_submit(args, cfg)
     return tune.cli_tune(args, cfg)
 
 
@@ -242,6 +246,7 @@ def _training_commands(command) -> None:
                    "OTHER (same objectives, values inside this space) as prior knowledge")
     p.add_argument("--from-storage", metavar="URL",
                    help="where --from-study lives (default: this study's storage)")
+    _slurm_args(p)
 
     p = command("best", "print a study's best trial, its MLflow run and how to reproduce it",
                 cmd_best, _storage_arg, _tracking_arg)
@@ -275,6 +280,25 @@ def _training_commands(command) -> None:
                    "(default ga,amp,pm)")
     p.add_argument("--repeats", type=int, default=3, metavar="R",
                    help="runs of every combination, paired by repeat (default 3)")
+
+
+def _slurm_args(p: Parser) -> None:
+    """`accel tune --slurm N`: accel/tune/slurm.py submits the job array."""
+    g = p.add_argument_group("Slurm (workers as a job array; PostgreSQL storage only)")
+    g.add_argument("--slurm", type=int, metavar="N", help="submit N workers as one Slurm job "
+                   "array, each `accel tune` on its share of --n-trials, instead of running here")
+    g.add_argument("--slurm-time", metavar="T", help="each task's time limit (sbatch --time)")
+    g.add_argument("--slurm-partition", metavar="P", help="sbatch --partition")
+    g.add_argument("--slurm-account", metavar="A", help="sbatch --account")
+    g.add_argument("--slurm-gpus", type=int, metavar="G", help="GPUs per task (--gres=gpu:G)")
+    g.add_argument("--slurm-cpus", type=int, metavar="C", help="CPUs per task "
+                   "(--cpus-per-task)")
+    g.add_argument("--slurm-warn", type=int, metavar="S", help="stop the trial and requeue the "
+                   "task S s before its time limit (default 300)")
+    g.add_argument("--slurm-dir", metavar="DIR", help="the batch script, task logs and pid "
+                   "files, on a filesystem every node sees (default mlruns/slurm/STUDY-TIME)")
+    g.add_argument("--sbatch", action="append", default=[], metavar="ARG", help="an extra "
+                   "sbatch argument, repeatable: --sbatch=--qos=high")
 
 
 def _run_commands(command) -> None:

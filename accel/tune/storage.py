@@ -23,6 +23,13 @@ RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
 # worker died); it is marked FAIL and its params are queued again, at most MAX_RETRY times.
 # $ACCEL_HEARTBEAT_S and $ACCEL_GRACE_S override the two (every node of a study should agree).
 HEARTBEAT_S, GRACE_S, MAX_RETRY = 30, 120, 2
+# A database server's connections are few (PostgreSQL's max_connections is 100 by default) and
+# a study across a cluster has many workers: each storage object keeps at most POOL_SIZE open
+# connections and opens POOL_OVERFLOW more at a busy moment (SQLAlchemy's defaults, 5 and 10,
+# would let one worker hold 15). Two threads use one storage at a time: the trial's and the
+# heartbeat's (the study set-up's storage: the command's and the node lease's).
+# $ACCEL_DB_POOL_SIZE overrides POOL_SIZE; a thread waits for a free connection, it never fails.
+POOL_SIZE, POOL_OVERFLOW = 2, 1
 # Nodes that start together on a fresh database all create Optuna's tables at once; the losers
 # of that race get a unique-violation error and simply try again.
 CREATE_ATTEMPTS = 5
@@ -39,6 +46,10 @@ def heartbeat_s() -> float:
 
 def grace_s() -> float:
     return float(os.environ.get("ACCEL_GRACE_S", GRACE_S))
+
+
+def pool_size() -> int:
+    return int(os.environ.get("ACCEL_DB_POOL_SIZE", POOL_SIZE))
 
 
 def is_journal(url: str) -> bool:
@@ -71,8 +82,7 @@ def open_storage(url: str, on_stale=None):
                 return optuna.storages.RDBStorage(
                     with_driver(url), heartbeat_interval=int(heartbeat_s()),
                     grace_period=int(grace_s()), heartbeat_stale_trial_callback=on_stale,
-                    # A connection the server closed while a long trial ran is replaced, not used.
-                    engine_kwargs={"pool_pre_ping": True},
+                    engine_kwargs=_engine_kwargs(scheme),
                 )
         except Exception as e:  # unreachable server, unknown database, missing driver
             if _lost_creation_race(e) and attempt < CREATE_ATTEMPTS - 1:
@@ -80,6 +90,14 @@ def open_storage(url: str, on_stale=None):
                 continue
             raise ConfigError(f"cannot open Optuna storage {redact(url)}: {one_line(e)}") from None
     raise AssertionError("unreachable")
+
+
+def _engine_kwargs(scheme: str) -> dict:
+    # A connection the server closed while a long trial ran is replaced, not used.
+    kwargs: dict = {"pool_pre_ping": True}
+    if scheme != "sqlite":  # a server's connections are bounded (SQLite has no server)
+        kwargs.update(pool_size=pool_size(), max_overflow=POOL_OVERFLOW)
+    return kwargs
 
 
 def _lost_creation_race(error: Exception) -> bool:
