@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from accel import signals
+from accel import signals, usage
 from accel.config import DEFAULT_CONFIG, Config
 from accel.console import program
 from accel.errors import ConfigError, NonFiniteLoss, RankFailed, first_line, one_line
@@ -17,31 +17,9 @@ class Parser(argparse.ArgumentParser):
     """Usage errors as one line and exit 2, like every other bad input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"accel: error: {self._plain(message)} (see `{self.prog} --help`)", file=sys.stderr)
+        message = usage.readable(self, message)  # what a typo meant; optional is optional
+        print(f"accel: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
         raise SystemExit(2)
-
-    def _plain(self, message: str) -> str:
-        """argparse's message, with the optional positionals (`[CONFIG] [KEY=VALUE]`) not
-        listed as required, and the options or commands a typo probably meant."""
-        import difflib
-        import re
-
-        required = "the following arguments are required: "
-        if message.startswith(required):
-            names = [n for n in message[len(required):].split(", ") if not n.startswith("[")]
-            return required + ", ".join(names)
-        if message.startswith("unrecognized arguments: "):
-            options = sorted(o for o in self._option_string_actions if o.startswith("--"))
-            typos = [a.split("=", 1)[0] for a in message.split(": ", 1)[1].split()
-                     if a.startswith("--")]
-            meant = [m for t in typos for m in difflib.get_close_matches(t, options, n=1)]
-            return message + (f"; did you mean {', '.join(meant)}?" if meant else "")
-        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
-        if choice:
-            choices = re.findall(r"'([^']*)'", choice.group(2))
-            meant = difflib.get_close_matches(choice.group(1), choices, n=1)
-            return message + (f"; did you mean {meant[0]}?" if meant else "")
-        return message
 
 
 def load_config(items: list[str]) -> Config:
