@@ -1,5 +1,6 @@
-"""accel's own small, fast networks, registered with timm: `model.name=accel_cnn_s` selects one
-like any timm model.
+"""accel's own small, fast networks, registered with timm when this module is imported (as
+timm's own modules register theirs): `model.name=accel_cnn_s` selects one like any timm model,
+and `import accel.nets` is all `timm.create_model("accel_cnn_s")` needs outside accel.
 
 The design is that of the fastest known CIFAR-10 trainings (Keller Jordan's airbench, after
 David Page's ResNet-9): a stem convolution, then conv groups of conv -> max-pool -> BN -> GELU ->
@@ -84,10 +85,13 @@ def _entrypoint(name: str):
 
 
 def register() -> None:
-    """Make the networks known to timm (once per process; `accel.models` calls it)."""
+    """Make the networks known to timm (once per process; importing this module calls it)."""
     import timm
     from timm.models import register_model
 
     for name in WIDTHS:
         if not timm.is_model(name):
             register_model(_entrypoint(name))
+
+
+register()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, TINY_OVERRIDES, run_cli, run_in_process
 
 HEAVY = ("torch", "timm", "ignite", "mlflow", "optuna")
 
@@ -50,3 +51,22 @@ def test_optional_arguments_are_not_listed_as_required():
 def test_a_mistyped_option_or_command_gets_what_was_meant(argv, meant):
     line = one_error_line(*argv)
     assert f"; did you mean {meant}? (see `accel" in line, line
+
+
+def test_a_runs_best_pt_loads_into_timm_as_the_docs_show(tmp_path):
+    """docs/mlflow.md's snippet, run as written (the store and the run id filled in) in a fresh
+    process: `import accel.nets` is all timm needs to build accel_cnn_s."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    train = run_in_process("train", *TINY_OVERRIDES, "model.name=accel_cnn_s", "model.img_size=8",
+                           "tracking.system_metrics=false", "--tracking-uri", store)
+    assert train.returncode == 0, train.stderr[-2000:]
+    run_id = re.search(r"run ([0-9a-f]{32})", train.stdout + train.stderr).group(1)
+    text = (ROOT / "docs" / "mlflow.md").read_text()
+    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "accel.nets" in b]
+    assert 'run_id="RUN_ID"' in snippet and "sqlite:///mlruns/mlflow.db" in snippet
+    snippet = snippet.replace("RUN_ID", run_id).replace("sqlite:///mlruns/mlflow.db", store)
+    check = "\nprint(tuple(model(torch.rand(2, 1, 8, 8)).shape))\n"
+    proc = subprocess.run([sys.executable, "-c", snippet + check], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "(2, 10)"
