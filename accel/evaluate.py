@@ -45,10 +45,28 @@ def source_run(tracker, uri: str) -> str:
         else:
             raise ConfigError(f"model URI {uri!r}: use {URI_FORMS}")
     except MlflowException as e:
-        raise ConfigError(f"model {uri}: {one_line(e)}") from None
+        known = _known(client, uri.removeprefix("models:/")) if uri.startswith("models:/") else ""
+        raise ConfigError(f"model {uri}: {one_line(e)}{known}") from None
     if not version.run_id:
         raise ConfigError(f"model {uri} was not logged by a run: give a config for its data")
     return version.run_id
+
+
+def _known(client, ref: str) -> str:
+    """What the registry holds, for a name or alias that is not there: the model's aliases and
+    versions, or the registered models' names."""
+    from mlflow.exceptions import MlflowException
+
+    name = ref.split("@", 1)[0].split("/", 1)[0]
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException:
+        names = sorted(m.name for m in client.search_registered_models(max_results=100))
+        return f"; registered models: {', '.join(names) or 'none'}"
+    aliases = ", ".join(f"@{a} (version {v})" for a, v in sorted(model.aliases.items()))
+    versions = sorted(int(v.version) for v in client.search_model_versions(f"name='{name}'"))
+    return (f"; {name} has aliases {aliases or 'none'} and versions "
+            f"{', '.join(map(str, versions)) or 'none'}")
 
 
 def load(uri: str):
@@ -104,6 +122,10 @@ def prepare(model, cfg: Config, metadata: dict, split: str | None = None) -> _Jo
     model = _Evaluable(model, cfg.data.dataset if _takes_unit_range(metadata) else None)
     # Two images, not a batch: a check that need not read the split.
     x = torch.stack([loader.dataset[i][0] for i in range(min(2, len(loader.dataset)))])
+    if shape and tuple(x.shape[1:]) != tuple(shape[1:]):
+        at = f" in {cfg.data.root}" if cfg.data.dataset == "imagefolder" else ""
+        raise ConfigError(f"the model takes images of {_shape(shape[1:])}; the "
+                          f"{cfg.data.dataset} data{at} gives {_shape(x.shape[1:])}")
     try:
         with torch.no_grad():
             outputs = model(x[:2].float()).shape[-1]
@@ -117,6 +139,11 @@ def prepare(model, cfg: Config, metadata: dict, split: str | None = None) -> _Jo
         raise ConfigError(f"the model predicts {outputs} classes, {cfg.data.dataset} "
                           f"({cfg.data.root}) has {len(classes)}: wrong data for this model")
     return _Job(model, split, loader, classes, data)
+
+
+def _shape(chw) -> str:
+    c, h, w = chw
+    return f"{c} channel{'s' if c != 1 else ''} of {h}x{w} px"
 
 
 def score(job: _Job, cfg: Config) -> Evaluation:

@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
-from tests.conftest import ROOT, TINY_OVERRIDES, run_cli, run_in_process
+from tests.conftest import ROOT, TINY_OVERRIDES, make_imagefolder, run_cli, run_in_process
 
 HEAVY = ("torch", "timm", "ignite", "mlflow", "optuna")
 
@@ -53,14 +54,30 @@ def test_a_mistyped_option_or_command_gets_what_was_meant(argv, meant):
     assert f"; did you mean {meant}? (see `accel" in line, line
 
 
-def test_a_runs_best_pt_loads_into_timm_as_the_docs_show(tmp_path):
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory) -> tuple[str, str]:
+    """A one-trial accel_cnn_s study on digits at 8 px, its trial registered as
+    digits-cnn@champion: (store, the trial's run id)."""
+    tmp = tmp_path_factory.mktemp("registered")
+    exp = tmp / "s.yaml"
+    exp.write_text(yaml.safe_dump({"search": {"pruner": "none", "space": {
+        "train.lr": {"type": "float", "low": 5.0e-3, "high": 7.0e-3}}}}))
+    store = f"sqlite:///{tmp / 'mlruns' / 'mlflow.db'}"
+    where = ["--storage", str(tmp / "optuna.journal"), "--tracking-uri", store]
+    tiny = [*TINY_OVERRIDES, "model.name=accel_cnn_s", "model.img_size=8",
+            "tracking.system_metrics=false"]
+    tune = run_in_process("tune", str(exp), *tiny, "--study", "s", "--n-trials", "1", *where)
+    assert tune.returncode == 0, tune.stderr[-2000:]
+    best = run_in_process("best", "--study", "s", "--register", "digits-cnn", *where)
+    assert best.returncode == 0, best.stderr[-2000:]
+    run_id = re.search(r"mlflow run: ([0-9a-f]{32})", best.stdout).group(1)
+    return store, run_id
+
+
+def test_a_runs_best_pt_loads_into_timm_as_the_docs_show(registered, tmp_path):
     """docs/mlflow.md's snippet, run as written (the store and the run id filled in) in a fresh
     process: `import accel.nets` is all timm needs to build accel_cnn_s."""
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    train = run_in_process("train", *TINY_OVERRIDES, "model.name=accel_cnn_s", "model.img_size=8",
-                           "tracking.system_metrics=false", "--tracking-uri", store)
-    assert train.returncode == 0, train.stderr[-2000:]
-    run_id = re.search(r"run ([0-9a-f]{32})", train.stdout + train.stderr).group(1)
+    store, run_id = registered
     text = (ROOT / "docs" / "mlflow.md").read_text()
     [snippet] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "accel.nets" in b]
     assert 'run_id="RUN_ID"' in snippet and "sqlite:///mlruns/mlflow.db" in snippet
@@ -70,3 +87,23 @@ def test_a_runs_best_pt_loads_into_timm_as_the_docs_show(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "(2, 10)"
+
+
+@pytest.mark.parametrize("uri,names", [
+    ("models:/digits-cnn@champoin", "digits-cnn has aliases @champion (version 1) and versions 1"),
+    ("models:/digits@champion", "registered models: digits-cnn"),
+    ("models:/digits-cnn/7", "digits-cnn has aliases @champion (version 1) and versions 1"),
+])
+def test_a_wrong_model_name_or_alias_names_what_the_registry_holds(registered, uri, names):
+    store, _ = registered
+    line = one_error_line("evaluate", uri, "--tracking-uri", store)
+    assert line.startswith(f"accel: error: model {uri}: ") and line.endswith(names), line
+
+
+def test_images_of_another_channel_count_are_named_expected_and_given(registered, tmp_path):
+    store, _ = registered
+    root = make_imagefolder(tmp_path / "rgb", side=8, classes=10, per_class={"test": 1})
+    line = one_error_line("evaluate", "models:/digits-cnn@champion", "data.dataset=imagefolder",
+                          f"data.root={root}", "--tracking-uri", store)
+    assert line == (f"accel: error: the model takes images of 1 channel of 8x8 px; the "
+                    f"imagefolder data in {root} gives 3 channels of 8x8 px"), line
