@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench gpu-wheels gpu-check docker-check clean
+.PHONY: run test test-fast lint bench gpu-wheels gpu-check docker-check slurm-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ gpu-check:
 # none runs), downloads gigabytes the first time; not part of `make test`.
 docker-check: $(STAMP)
 	$(BIN)/python bench/docker_check.py
+
+# A study as a 2-task Slurm job array on a one-node Slurm made from Debian's slurm-wlm and munge
+# (installed when missing), a task requeued mid-epoch, then everything stopped and removed
+# (bench/slurm_check.py): needs root; not part of `make test`.
+slurm-check: $(STAMP)
+	$(BIN)/python bench/slurm_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
