@@ -175,3 +175,24 @@ def run_in_process(*args: str) -> subprocess.CompletedProcess:
     command's output and exit code, not its process."""
     code, out, err = cli_main(*args)
     return subprocess.CompletedProcess(["accel", *args], code, out, err)
+
+
+def register_tiny_model(tmp: Path, name: str, alias: str = "champion") -> tuple[str, str]:
+    """A one-trial accel_cnn_s study on digits at 8 px (the quickstart's network and size), its
+    trial registered as NAME@ALIAS with `accel best --register`: (store URI, the trial's run)."""
+    import re
+
+    import yaml
+
+    exp = tmp / "s.yaml"
+    exp.write_text(yaml.safe_dump({"search": {"pruner": "none", "space": {
+        "train.lr": {"type": "float", "low": 5.0e-3, "high": 7.0e-3}}}}))
+    store = f"sqlite:///{tmp / 'mlruns' / 'mlflow.db'}"
+    where = ["--storage", str(tmp / "optuna.journal"), "--tracking-uri", store]
+    tiny = [*TINY_OVERRIDES, "model.name=accel_cnn_s", "model.img_size=8",
+            "tracking.system_metrics=false"]
+    tune = run_in_process("tune", str(exp), *tiny, "--study", "s", "--n-trials", "1", *where)
+    assert tune.returncode == 0, tune.stderr[-2000:]
+    best = run_in_process("best", "--study", "s", "--register", name, "--alias", alias, *where)
+    assert best.returncode == 0, best.stderr[-2000:]
+    return store, re.search(r"mlflow run: ([0-9a-f]{32})", best.stdout).group(1)

@@ -3,8 +3,14 @@ heading), every `accel ...` line in a code block is accepted by the CLI's own pa
 
 from __future__ import annotations
 
+import ast
+import os
 import re
 import shlex
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -130,3 +136,82 @@ def test_every_named_test_exists(page):
 
 def test_the_readme_fits_on_a_screen_or_so():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+MODEL_URI = re.compile(r"models:/([A-Za-z0-9][\w.-]*)")
+REGISTERS = re.compile(r"--register[ =]([A-Za-z0-9][\w.-]*)")
+
+
+def unregistered_models(page: Path) -> list[str]:
+    """`models:/NAME...` uses on the page whose NAME neither an earlier line of the page nor the
+    README registers (`--register NAME`); NAME in capitals is a placeholder."""
+    registered = set(REGISTERS.findall((ROOT / "README.md").read_text()))
+    problems = []
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        registered |= set(REGISTERS.findall(line))
+        problems += [f"{page.name}:{number}: models:/{name} is registered nowhere before it"
+                     for name in MODEL_URI.findall(line)
+                     if name not in registered and not name.isupper()]
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_model_a_page_uses_is_registered_on_it_or_in_the_readme(page):
+    problems = unregistered_models(page)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_model_check_catches_a_name_no_example_registers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("accel evaluate models:/digits-cnn@champion\nmodels:/NAME@ALIAS\n"
+                    "accel best --study s --register mine\nmodels:/mine/2 models:/digits@x\n")
+    assert [p.split(": ", 1)[1] for p in unregistered_models(page)] == [
+        "models:/digits is registered nowhere before it"]
+
+
+def serving_recipe(page: Path) -> tuple[str, str]:
+    """(the `mlflow models serve` command, the Python client) as the page shows them."""
+    blocks = re.findall(r"```(\w*)\n(.*?)```", page.read_text(), re.S)
+    serve = [b for _, b in blocks if "mlflow models serve" in b]
+    client = [b for lang, b in blocks if lang == "python" and "/invocations" in b]
+    assert len(serve) == 1 and len(client) == 1, f"{page.name}: one serve command, one client"
+    return serve[0], client[0]
+
+
+def test_the_serving_recipe_runs_as_written(tmp_path):
+    """docs/registry.md's serving recipe pasted into a shell and a Python prompt, after the
+    page's own registration (its first `--register NAME`, alias champion) of a tiny study; only
+    the store's path and the port are changed."""
+    from tests.conftest import register_tiny_model, stop_group
+    from tests.test_scale_out import free_port
+
+    page = ROOT / "docs" / "registry.md"
+    serve, client = serving_recipe(page)
+    store, _ = register_tiny_model(tmp_path, REGISTERS.findall(page.read_text())[0], "champion")
+    port, default_store = str(free_port()), "sqlite:///mlruns/mlflow.db"
+    assert default_store in serve and default_store in client and "5001" in serve + client
+    venv = str(Path(sys.executable).parent)  # `.venv` activated: mlflow and uvicorn on PATH
+    env = {**os.environ, "PATH": f"{venv}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(["bash", "-c", serve.replace(default_store, store)
+                                   .replace("5001", port)], cwd=tmp_path, env=env,
+                                  start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            assert server.poll() is None, log.read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(1)
+        answer = subprocess.run([sys.executable, "-c", client.replace(default_store, store)
+                                 .replace("5001", port)], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=120)
+    finally:
+        stop_group(server)
+    assert answer.returncode == 0, answer.stderr[-3000:] + log.read_text()[-2000:]
+    predicted = ast.literal_eval(answer.stdout.strip())
+    assert len(predicted) == 1 and predicted[0] in [str(d) for d in range(10)], answer.stdout

@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
-from tests.conftest import ROOT, TINY_OVERRIDES, make_imagefolder, run_cli, run_in_process
+from tests.conftest import ROOT, make_imagefolder, register_tiny_model, run_cli
 
 HEAVY = ("torch", "timm", "ignite", "mlflow", "optuna")
 
@@ -56,22 +55,8 @@ def test_a_mistyped_option_or_command_gets_what_was_meant(argv, meant):
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory) -> tuple[str, str]:
-    """A one-trial accel_cnn_s study on digits at 8 px, its trial registered as
-    digits-cnn@champion: (store, the trial's run id)."""
-    tmp = tmp_path_factory.mktemp("registered")
-    exp = tmp / "s.yaml"
-    exp.write_text(yaml.safe_dump({"search": {"pruner": "none", "space": {
-        "train.lr": {"type": "float", "low": 5.0e-3, "high": 7.0e-3}}}}))
-    store = f"sqlite:///{tmp / 'mlruns' / 'mlflow.db'}"
-    where = ["--storage", str(tmp / "optuna.journal"), "--tracking-uri", store]
-    tiny = [*TINY_OVERRIDES, "model.name=accel_cnn_s", "model.img_size=8",
-            "tracking.system_metrics=false"]
-    tune = run_in_process("tune", str(exp), *tiny, "--study", "s", "--n-trials", "1", *where)
-    assert tune.returncode == 0, tune.stderr[-2000:]
-    best = run_in_process("best", "--study", "s", "--register", "digits-cnn", *where)
-    assert best.returncode == 0, best.stderr[-2000:]
-    run_id = re.search(r"mlflow run: ([0-9a-f]{32})", best.stdout).group(1)
-    return store, run_id
+    """digits-cnn@champion, a one-trial accel_cnn_s study's trial: (store, its run id)."""
+    return register_tiny_model(tmp_path_factory.mktemp("registered"), "digits-cnn")
 
 
 def test_a_runs_best_pt_loads_into_timm_as_the_docs_show(registered, tmp_path):
