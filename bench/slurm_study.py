@@ -66,7 +66,7 @@ def run_study(cluster, admin, scratch: Path, args) -> list[str]:
     for log_file in sorted(jobs.glob("*.out")):
         log(f"{log_file.name}: " + " | ".join(
             line for line in log_file.read_text().splitlines() if line.startswith("accel")))
-    failed = check_study(url, storage, requeued, args.trials, cluster)
+    failed = check_study(url, storage, requeued, args.trials, cluster, job)
     log(f"figures: {args.trials} trials over {TASKS} array tasks, wall {wall:.0f} s from "
         f"submission to the array's end; trial {requeued} requeued mid-epoch; at most "
         f"{connections.most} connections to the Optuna database at once")
@@ -106,7 +106,8 @@ def requeue_mid_epoch(cluster, job: str, url: str, storage: str, jobs: Path,
     return number
 
 
-def check_study(url: str, storage: str, requeued: int, n_trials: int, cluster) -> list[str]:
+def check_study(url: str, storage: str, requeued: int, n_trials: int, cluster,
+                job: str) -> list[str]:
     import optuna
     from mlflow.tracking import MlflowClient
 
@@ -146,6 +147,9 @@ def check_study(url: str, storage: str, requeued: int, n_trials: int, cluster) -
     expect(not [r for r in runs if r.info.status == "RUNNING"], "nothing RUNNING in MLflow")
     parents = [r for r in runs if r.data.tags.get("accel.role") == "study"]
     expect(len(parents) == 1 and parents[0].info.status == "FINISHED", "the parent run FINISHED")
+    logged = [f.path for f in client.list_artifacts(parents[0].info.run_id, f"slurm/{job}")]
+    expect(parents[0].data.tags.get("accel.slurm_job") == job
+           and logged == [f"slurm/{job}/submit.sh"], "the batch script logged on the parent run")
     best = subprocess.run([sys.executable, "-m", "accel", "best", "--study", STUDY, "--storage",
                            storage, "--tracking-uri", url], cwd=ROOT, env=cluster.env,
                           capture_output=True, text=True, timeout=300)
