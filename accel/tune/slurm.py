@@ -151,7 +151,8 @@ def task_args(args: argparse.Namespace) -> list[str]:
 
 def cli_submit(args: argparse.Namespace, cfg) -> int:
     """`accel tune ... --slurm N`: set the study up, write and log the script, submit it."""
-    from accel.console import progress
+    from accel.console import progress, warn
+    from accel.errors import one_line
     from accel.tune.commands import cli_tune
     from accel.tune.storage import default_storage
     from accel.uris import resolve_uri
@@ -186,7 +187,10 @@ def cli_submit(args: argparse.Namespace, cfg) -> int:
     script.write_text(batch_script(job))
     print(script.read_text(), end="")
     job_id = _sbatch(script, storage, tracking_uri)
-    _log_script(study, storage, tracking_uri, script, job_id)
+    try:
+        _log_script(study, storage, tracking_uri, script, job_id)
+    except Exception as e:  # the job is submitted: say so, and keep going
+        warn(f"could not log the batch script on the study's parent run: {one_line(e)}")
     progress(f"submitted job array {job_id}: {job.tasks} task(s), {n_trials} trial(s) of study "
              f"{study}; script and task logs in {folder}; watch: squeue -j {job_id}; then: "
              f"accel best --study {study}")
