@@ -8,6 +8,7 @@
 - `nodes`      which invocations work on a study (leases), so the last one finishes its parent run
 - `tracking`   the MLflow side: parent run, child runs, trials.csv, Optuna's plots
 - `commands`   `accel tune` and `accel best`
+- `slurm`      `accel tune --slurm N`: the workers as a Slurm job array (imported by the CLI)
 """
 
 from accel.tune.commands import cli_best, cli_tune
