@@ -132,6 +132,10 @@ def check_study(url: str, storage: str, requeued: int, n_trials: int, cluster,
     expect(states.count("COMPLETE") == n_trials, f"{n_trials} trials COMPLETE "
            f"({states.count('COMPLETE')})")
     expect(trials[requeued].state.name == "FAIL", f"the requeued trial {requeued} FAIL")
+    # the requeued task ran only what its first attempt left of its share
+    expect(len(trials) - len(retries) == n_trials,
+           f"{n_trials} trials and their retries, no more ({len(trials)} trials, "
+           f"{len(retries)} retries)")
     for t in (t for t in trials if t.state.name == "FAIL"):
         retry = retries.get(t.number)
         expect(retry is not None and retry.state.name == "COMPLETE"
