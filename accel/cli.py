@@ -10,6 +10,7 @@ from accel import signals, usage
 from accel.config import DEFAULT_CONFIG, Config
 from accel.console import program
 from accel.errors import ConfigError, NonFiniteLoss, RankFailed, first_line, one_line
+from accel.outage import StoreUnavailable
 from accel.uris import DEFAULT_STORAGE, DEFAULT_URI, redact, resolve_uri, with_driver
 
 
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accel: stopped by {signals.stopped_by()}" + (f"; {left}" if left else ""),
               file=sys.stderr)
         return signals.exit_code()
-    except (NonFiniteLoss, RankFailed) as e:
+    except (NonFiniteLoss, RankFailed, StoreUnavailable) as e:
         print(f"accel: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # a full disk, an artifact folder that cannot be written

@@ -314,18 +314,24 @@ def wait_for_epoch(store: str, epoch: int, timeout_s: float = 120) -> str:
 # --- a trial whose worker died carries on from its checkpoint ---------------------------------
 
 
-@pytest.mark.parametrize("storage_kind", ["journal", "sqlite"])
-def test_a_retried_trial_carries_on_from_the_dead_trials_checkpoint(storage_kind, tmp_path):
+@pytest.mark.parametrize("storage_kind,sig", [("journal", signal.SIGKILL),
+                                              ("sqlite", signal.SIGKILL),
+                                              ("journal", signal.SIGTERM)])
+def test_a_retried_trial_carries_on_from_the_dead_trials_checkpoint(storage_kind, sig, tmp_path):
     """A worker killed with SIGKILL mid-trial: the next `accel tune` fails the trial (journal:
     its process is gone; database: its heartbeats stopped), queues it again with the same
     values, and the retry starts after the dead trial's last checkpointed epoch, in a new run
-    that holds every epoch once."""
+    that holds every epoch once. A trial stopped by SIGTERM (a preemption, a time limit) ends
+    its run KILLED and is queued again by its own invocation: the next one carries it on."""
     store, storage, args, env = retried_study(tmp_path, storage_kind)
-    dead_run, code, _ = interrupt(args, lambda: wait_for_trial_epochs(store, 2), signal.SIGKILL,
-                                  env)
-    assert code == -signal.SIGKILL
+    dead_run, code, err = interrupt(args, lambda: wait_for_trial_epochs(store, 2), sig, env)
+    assert code == (-sig if sig == signal.SIGKILL else 128 + sig), err[-3000:]
     dead_epochs = curves(store, dead_run)["val_loss"]
     time.sleep(3)  # past the grace period: the dead trial's heartbeat is stale
+    if sig == signal.SIGTERM:
+        stopped = study_trials(storage)
+        assert [t.state.name for t in stopped] == ["FAIL", "WAITING"]  # queued by the stop
+        assert "queued again" in client(store).get_run(dead_run).data.tags["accel.error"]
 
     out = run_cli(*args, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -337,7 +343,8 @@ def test_a_retried_trial_carries_on_from_the_dead_trials_checkpoint(storage_kind
     assert run.data.tags["accel.resumed_from"] == dead_run
     k = int(run.data.tags["accel.resumed_from_epoch"])
     assert k >= 2 and f"carries on after epoch {k} of run {dead_run}" in out.stderr
-    assert client(store).get_run(dead_run).info.status == "FAILED"
+    assert client(store).get_run(dead_run).info.status == (
+        "FAILED" if sig == signal.SIGKILL else "KILLED")
     mine = curves(store, run.info.run_id)["val_loss"]
     assert [s for s, _ in mine] == list(range(1, 13))  # every epoch once
     # The dead trial's epochs, carried over as they were. Its checkpoint of epoch k is written

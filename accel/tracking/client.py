@@ -6,6 +6,7 @@ runs, or several worker processes, never mix up whose metrics are whose.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -18,6 +19,7 @@ from typing import Any
 from accel import signals
 from accel.config import Config, param_text
 from accel.errors import ConfigError
+from accel.outage import Riding, ride_out
 from accel.uris import redact, resolve_uri, sqlite_path, with_driver
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
@@ -42,8 +44,11 @@ class Tracker:
         else:
             self.artifact_root = None  # a server or database decides where artifacts go
         if self.uri.startswith(("http://", "https://")):
+            short_http_retries()
             probe_server(self.uri)
-        self.client = MlflowClient(tracking_uri=with_driver(self.uri))
+        # Every call waits out an outage of a store this process reached (accel.outage).
+        self.client = Riding(MlflowClient(tracking_uri=with_driver(self.uri)), key=self.uri,
+                             store=store_name(self.uri))
 
     def experiment_id(self, name: str) -> str:
         """The experiment called `name`, created if missing (safe when two processes race)."""
@@ -147,15 +152,36 @@ def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 
     parts = urllib.parse.urlparse(uri)
     bare = parts._replace(netloc=parts.netloc.rpartition("@")[2])  # /health needs no login
-    try:
-        urllib.request.urlopen(f"{bare.geturl().rstrip('/')}/health", timeout=timeout_s).close()
-    except urllib.error.HTTPError:
-        pass  # the server answered, even if not with 200: it is reachable
+
+    def health() -> None:
+        # An HTTPError is an answer, even if not 200: the server is reachable.
+        with contextlib.suppress(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{bare.geturl().rstrip('/')}/health",
+                                   timeout=timeout_s).close()
+
+    try:  # a server this process reached before (a worker's) is waited for; a new one is not
+        ride_out(health, key=uri, store=store_name(uri))
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise ConfigError(f"cannot reach the MLflow server at {redact(uri)}: {reason}") from None
     _check_login(uri, timeout_s)
     _answered.add(login)
+
+
+def store_name(uri: str) -> str:
+    """How a line names the store: the server, or the database behind the URI."""
+    if uri.startswith(("http://", "https://")):
+        return f"the MLflow server at {redact(uri)}"
+    return f"the MLflow store {redact(uri)}"
+
+
+def short_http_retries() -> None:
+    """MLflow's client retries a request that found no server for about four minutes (7 tries,
+    backoff factor 2); accel waits for a store itself (accel.outage), with a line that says so
+    and a window of its own, so each request is tried 3 times within seconds. Settings in the
+    environment win."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 
 
 def _check_login(uri: str, timeout_s: float) -> None:

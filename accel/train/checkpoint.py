@@ -269,11 +269,18 @@ def drop(tracker, run_id: str) -> None:
     each slot weighs the weights plus the optimizer state. best.pt stays."""
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
+    from accel.outage import ride_out
+    from accel.tracking.client import store_name
+    from accel.uris import with_driver
+
     run = tracker.client.get_run(run_id)
-    repo = get_artifact_repository(run.info.artifact_uri)
+    # Through the run's own store: an `mlflow-artifacts:` URI names no server, and MLflow would
+    # otherwise resolve it through the process's global tracking URI.
+    repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=with_driver(tracker.uri))
     names = {Path(f.path).name for f in tracker.client.list_artifacts(run_id, ARTIFACT_DIR)}
     for name in sorted(set(SLOTS) & names):
-        repo.delete_artifacts(f"{ARTIFACT_DIR}/{name}")
+        ride_out(lambda name=name: repo.delete_artifacts(f"{ARTIFACT_DIR}/{name}"),
+                 key=tracker.uri, store=store_name(tracker.uri))
 
 
 def download(tracker, run_id: str, dest: Path, *, best: bool = True) -> tuple[Resume | None,

@@ -9,7 +9,8 @@ from typing import Any
 
 from accel import signals
 from accel.config import Config, ConfigError
-from accel.console import note, program, progress, quiet_libraries
+from accel.console import note, program, progress, quiet_libraries, warn
+from accel.errors import one_line
 from accel.tracking import retry_locked, tracker_for
 from accel.tracking.store import browse_hint
 from accel.tune import pareto, warm
@@ -50,12 +51,16 @@ def cli_tune(args, cfg: Config) -> int:
         status, code = "KILLED", signals.exit_code()
     finally:
         signals.ignore_stops()  # let the clean-up finish
-        _finish_parent(tracker_for(job.tracking_uri), study, job, status)
+        try:
+            _finish_parent(tracker_for(job.tracking_uri), study, job, status)
+        except Exception as e:  # a store away: the next `accel tune` or `accel best` ends it
+            warn(f"could not end the study's parent run {job.parent_run_id}: {one_line(e)}")
     progress(summary(study, job))
     if status == "KILLED":
         again = shlex.join(signals.command) if signals.command else "the same command"
-        note(f"interrupted; this run's unfinished trial(s) were marked FAIL (their MLflow runs "
-             f"KILLED; the study's parent run {job.parent_run_id}); carry the study on with: "
+        note(f"interrupted; this run's unfinished trial(s) were marked FAIL and queued again, to "
+             f"carry on from their checkpoints (their MLflow runs KILLED; the study's parent run "
+             f"{job.parent_run_id}); carry the study on with: "
              f"{again}")
     elif code != 0:
         note(f"exit {code}: a worker process ended with an error (its last lines are above)")
@@ -129,11 +134,20 @@ def _run_node(study, job: TuneJob, n_trials: int) -> int:
     with NodeLease(study, job.invocation):
         try:
             orphans = clean_up(study, tracker, None) if is_journal(job.storage) else 0
+            _close_left_running(study, tracker)
             progress(_start_line(study, job, n_trials, orphans))
             return run_workers(job, n_trials, study, tracker) if n_trials else 0
         finally:
             signals.ignore_stops()  # let the clean-up finish
             clean_up(study, tracker, job.invocation)
+
+
+def _close_left_running(study, tracker) -> None:
+    """Trial runs left RUNNING by a close that met the store away: closed now, said once."""
+    closed = st.close_left_running(tracker, study)
+    if closed:
+        note(f"closed the MLflow runs left RUNNING of finished trial(s) "
+             f"{', '.join(map(str, closed))}")
 
 
 def _start_line(study, job: TuneJob, n_trials: int, orphans: int) -> str:
@@ -215,6 +229,7 @@ def cli_best(args) -> int:
     name = args.study
     study = load_existing_study(name, args.storage)
     uri = args.tracking_uri or study.user_attrs.get(ATTR_TRACKING) or resolve_uri(None)
+    _close_left_running(study, tracker_for(uri))
     abandoned = finish_abandoned_parent(study, tracker_for(uri))
     if abandoned:
         note(f"the study's parent run {abandoned} was RUNNING with no node left on the study "

@@ -13,6 +13,7 @@ from pathlib import Path
 from accel.config import COST_METRICS, ConfigError, objectives
 from accel.console import note, warn
 from accel.errors import describe_error, one_line
+from accel.outage import StoreUnavailable
 from accel.tracking import retry_locked, scratch_dir, tracker_for
 from accel.tune import tracking as st
 from accel.tune.space import trial_config
@@ -25,6 +26,10 @@ class Objective:
     def __init__(self, job: TuneJob):
         self.job = job
         self.bad_input: ConfigError | None = None  # stops the invocation: it would recur
+        # (trial number, error): a store stayed away past the outage window; the worker queues
+        # the trial again and ends the invocation
+        self.unavailable: tuple[int, StoreUnavailable] | None = None
+        self.last_trial: int | None = None  # the number of the trial called last
 
     @property
     def tracker(self):
@@ -34,6 +39,7 @@ class Objective:
         import optuna
 
         job = self.job
+        self.last_trial = trial.number
         trial.set_user_attr(st.ATTR_INVOCATION, job.invocation)
         trial.set_user_attr(st.ATTR_HOST, socket.gethostname())
         trial.set_user_attr(st.ATTR_PID, os.getpid())
@@ -54,6 +60,9 @@ class Objective:
             raise
         except KeyboardInterrupt:
             interrupted = True
+            raise
+        except StoreUnavailable as e:
+            self.unavailable, error = (trial.number, e), e
             raise
         except Exception as e:
             error = e
@@ -108,8 +117,16 @@ class Objective:
 
     def _close(self, trial, state, run_id, error, interrupted) -> None:
         message = describe_error(error) if error else None
+        if interrupted and not message:
+            from accel import signals
+            from accel.tune.storage import MAX_RETRY
+
+            message = (f"stopped by {signals.stopped_by()}: queued again, to carry on from its "
+                       f"checkpoint (up to {MAX_RETRY} retries)")
         if message:
             trial.set_user_attr(st.ATTR_ERROR, message[:st.MAX_TAG_CHARS])
+        if interrupted:  # queued again once it is FAIL; a later close of its run says KILLED
+            trial.set_user_attr(st.ATTR_STOPPED, True)
         try:
             run_id = st.close_trial_run(self.tracker, self.job.study, trial.number, state,
                                         message, run_id=run_id, interrupted=interrupted,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accel.errors import ConfigError, one_line
+from accel.outage import StoreUnavailable, ride_out
 from accel.tracking import tracker_for
 from accel.tune.tracking import close_dead_trial
 from accel.uris import DEFAULT_STORAGE, redact, sqlite_path, with_driver
@@ -75,15 +76,20 @@ def open_storage(url: str, on_stale=None):
     db = sqlite_path(url)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
+    from accel.tune.riding_storage import RidingRDBStorage
+
     for attempt in range(CREATE_ATTEMPTS):
         try:
             with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
-                    with_driver(url), heartbeat_interval=int(heartbeat_s()),
+                # A database this process (or its invocation) reached before is waited for.
+                return ride_out(lambda: RidingRDBStorage(
+                    with_driver(url), accel_url=url, heartbeat_interval=int(heartbeat_s()),
                     grace_period=int(grace_s()), heartbeat_stale_trial_callback=on_stale,
                     engine_kwargs=_engine_kwargs(scheme),
-                )
+                ), key=url, store=f"the Optuna storage {redact(url)}")
+        except StoreUnavailable:
+            raise
         except Exception as e:  # unreachable server, unknown database, missing driver
             if _lost_creation_race(e) and attempt < CREATE_ATTEMPTS - 1:
                 time.sleep(0.2 * 2**attempt * (1 + random.random()))

@@ -25,6 +25,7 @@ PLOTS = ("optimization_history", "param_importances", "parallel_coordinate")
 PLOT_EVERY_S = 60.0
 # Trial user attrs: its MLflow run, its error, and who runs it (the invocation, host and pid).
 ATTR_RUN, ATTR_ERROR = "mlflow_run_id", "accel.error"
+ATTR_STOPPED = "accel.stopped"  # a trial stopped by Ctrl-C or SIGTERM (its run ends KILLED)
 ATTR_INVOCATION, ATTR_HOST, ATTR_PID = "accel.invocation", "accel.host", "accel.pid"
 ATTR_PARENT = "accel.parent_run_id"  # study user attr
 ATTR_COPIED = "accel.copied_from"  # a trial copied from another study (`--from-study`): STUDY#N
@@ -129,6 +130,26 @@ def close_dead_trial(tracker, study, trial, message: str, *, interrupted: bool) 
     return close_trial_run(tracker, study.study_name, trial.number, "FAIL", message,
                            run_id=trial.user_attrs.get(ATTR_RUN), interrupted=interrupted,
                            open_run=open_run)
+
+
+def close_left_running(tracker, study) -> list[int]:
+    """Close the trial runs left RUNNING after their trial finished: the close was tried while
+    the store was away (every invocation and `accel best` look again). Returns the trials."""
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    closed = []
+    for run in search_runs(tracker, study.study_name,
+                           "tags.`accel.role` = 'trial' AND attributes.status = 'RUNNING'"):
+        number = run.data.tags.get("optuna.trial_number", "")
+        trial = trials.get(int(number)) if number.isdigit() else None
+        if trial is None or not trial.state.is_finished():
+            continue  # still running (another worker's), or not this study's trial
+        error = None if trial.state.name == "COMPLETE" else trial.user_attrs.get(ATTR_ERROR) or (
+            "its run was left RUNNING when the trial ended (the store was away); closed later")
+        close_trial_run(tracker, study.study_name, trial.number, trial.state.name, error,
+                        run_id=run.info.run_id,
+                        interrupted=bool(trial.user_attrs.get(ATTR_STOPPED)))
+        closed.append(trial.number)
+    return closed
 
 
 # --- what the study's parent run shows ---------------------------------------------------------

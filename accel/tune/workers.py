@@ -18,6 +18,7 @@ import sys
 import time
 import warnings
 
+from accel import outage
 from accel.config import ConfigError
 from accel.console import progress, quiet_libraries, warn
 from accel.errors import one_line
@@ -67,6 +68,8 @@ def run_worker(job: TuneJob, index: int, budget: Budget, restart: int = 0) -> No
     `restart` counts the workers that took this one's place: each samples with its own seed."""
     import optuna
 
+    for store in (job.storage, job.tracking_uri):  # the invocation reached both: outages of
+        outage.mark_reached(store)  # either are waited for (accel.outage)
     study = optuna.load_study(
         study_name=job.study,
         storage=open_storage(job.storage, on_stale=RetryStaleTrial(job.tracking_uri)),
@@ -89,12 +92,38 @@ def run_worker(job: TuneJob, index: int, budget: Budget, restart: int = 0) -> No
     while budget.claim():
         if job.deadline is not None and time.time() >= job.deadline:
             break
-        study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=[after_trial],
-                       gc_after_trial=True)
+        try:
+            study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=[after_trial],
+                           gc_after_trial=True)
+        except KeyboardInterrupt:
+            _queue_stopped(study, objective.last_trial)
+            raise
         if stop_requested():  # a stop that reached the trial as another error
+            _queue_stopped(study, objective.last_trial)
             raise KeyboardInterrupt
         if objective.bad_input is not None:
             raise objective.bad_input
+        if objective.unavailable is not None:  # a store stayed away past the outage window
+            number, error = objective.unavailable
+            trial = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+            if trial.state.is_finished() and _queue_again(study, trial):
+                warn(f"trial {trial.number} is queued again: {one_line(error)}")
+            raise error
+
+
+def _queue_stopped(study, number: int | None) -> None:
+    """The trial a stop (Ctrl-C, SIGTERM: a preemption, a time limit) ended FAIL is queued again,
+    like a dead worker's: the next worker or invocation carries it on from its checkpoint."""
+    from optuna.trial import TrialState
+
+    if number is None:
+        return
+    trials = study.get_trials(deepcopy=False)
+    trial = next((t for t in trials if t.number == number), None)
+    if trial is None or trial.state != TrialState.FAIL or any(
+            t.system_attrs.get("failed_trial") == number for t in trials):
+        return  # not ended by the stop (RUNNING: the clean-up closes it), or queued already
+    _queue_again(study, trial)
 
 
 def describe_trial(study, trial, metric: str) -> str:
@@ -134,6 +163,9 @@ def _worker_main(job: TuneJob, index: int, restart: int, budget: Budget,
     except ConfigError as e:
         print(f"accel: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except outage.StoreUnavailable as e:
+        print(f"accel: error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _gpu_envs(workers: int, device: str) -> list[dict[str, str]]:
@@ -232,13 +264,11 @@ def _retry_dead_worker(study, tracker, proc, index: int, budget: Budget) -> None
 
 
 def clean_up(study, tracker, invocation: str | None) -> int:
-    """Mark RUNNING trials FAIL: those of this invocation after Ctrl-C (their MLflow runs
-    KILLED: stopped by the user), or, with `invocation=None`, those whose process on this host
-    is gone (a killed run on a journal storage, which has no heartbeats: as a dead worker's
-    trial on a database storage, MLflow FAILED and the trial queued again, to carry on from its
-    last checkpoint). Returns how many were closed."""
-    from optuna.trial import TrialState
-
+    """Mark RUNNING trials FAIL and queue them again, to carry on from their last checkpoint:
+    those of this invocation after Ctrl-C or SIGTERM (their MLflow runs KILLED: stopped, as a
+    preemption or a time limit stops them), or, with `invocation=None`, those whose process on
+    this host is gone (a killed run on a journal storage, which has no heartbeats: as a dead
+    worker's trial on a database storage, MLflow FAILED). Returns how many were closed."""
     closed = 0
     for t in _running(study):
         if invocation is None:
@@ -249,8 +279,7 @@ def clean_up(study, tracker, invocation: str | None) -> int:
             continue
         if t.user_attrs.get(st.ATTR_INVOCATION) != invocation:
             continue
-        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        _close_run(tracker, study, t, "interrupted", interrupted=True)
+        _fail_and_retry(study, tracker, t, "interrupted", interrupted=True)
         closed += 1
     if invocation is not None:
         for run in st.search_runs(tracker, study.study_name,
@@ -267,19 +296,33 @@ def _running(study) -> list:
     return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
 
 
-def _fail_and_retry(study, tracker, trial, message: str) -> bool:
-    """A trial whose process died: FAIL, queued again with its values (as a database storage
-    does after its heartbeats stop), its MLflow run FAILED. Returns whether it was queued."""
-    from optuna.exceptions import ExperimentalWarning
-    from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+def _fail_and_retry(study, tracker, trial, message: str, *, interrupted: bool = False) -> bool:
+    """A trial whose process died or was stopped: FAIL, queued again with its values (as a
+    database storage does after its heartbeats stop), its MLflow run FAILED (KILLED when
+    stopped). Returns whether it was queued."""
     from optuna.trial import TrialState
 
+    if interrupted:  # a later invocation that closes its run closes it KILLED too
+        with contextlib.suppress(Exception):  # finished meanwhile: its run was closed then
+            study._storage.set_trial_user_attr(trial._trial_id, st.ATTR_STOPPED, True)
     study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+    queued = _queue_again(study, trial)
+    if queued:
+        message += "; the trial is queued again" if "queued again" not in message else ""
+    _close_run(tracker, study, trial, message, interrupted=interrupted)
+    return queued
+
+
+def _queue_again(study, trial) -> bool:
+    """Queue a failed trial's values again (its retry carries on from its checkpoint), unless
+    it was retried `MAX_RETRY` times already. Returns whether it was queued."""
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+
     with warnings.catch_warnings():  # "experimental" in Optuna 5
         warnings.simplefilter("ignore", ExperimentalWarning)
         queued = len(Retry.retry_history(trial)) < MAX_RETRY
         Retry(max_retry=MAX_RETRY)(study, trial)
-    _close_run(tracker, study, trial, message, interrupted=False)
     return queued
 
 
