@@ -115,7 +115,9 @@ class TrainConfig:
     # CPU (glibc): memory freed by tensors is kept for the next ones instead of handed back to
     # the kernel, which saves a page fault per 4 KiB of activations each step (README)
     keep_freed_memory: bool = True
-    compile: bool = False
+    # torch.compile: off, default, reduce-overhead (CUDA graphs: fewer launches, on CUDA) or
+    # max-autotune (kernels chosen by timing, minutes of compiling); true = default, false = off
+    compile: str = "off"
     deterministic: bool = False
     epoch_length: int | None = None  # micro-batches per epoch; None = the whole training set
     # {metric, value}: log time_to_target_s and epochs_to_target at the first epoch reaching it

@@ -22,6 +22,9 @@ COST_METRICS = ("train_time_s", "train_throughput", "peak_memory_mb")
 DIRECTIONS = ("maximize", "minimize")
 SAMPLERS = ("tpe", "random", "nsga2")
 PRUNERS = ("median", "hyperband", "none")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")  # torch.compile(mode=...)
+_COMPILE_WORDS = {"true": "default", "yes": "default", "on": "default", "1": "default",
+                  "false": "off", "no": "off", "0": "off"}  # the switch it was: still accepted
 
 
 def objectives(s: Any) -> list[tuple[str, str]]:
@@ -120,6 +123,8 @@ def check(cfg: Any) -> None:
     _check_target(t)
 
 
+    t.compile = _COMPILE_WORDS.get(str(t.compile).strip().lower(), t.compile)
+    _choice("train.compile", t.compile, COMPILE_MODES)
 def _check_target(t: Any) -> None:
     if t.stop_at_target and not t.target:
         raise ConfigError("train.stop_at_target=true needs train.target: {metric: ..., value: ...}")

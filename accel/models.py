@@ -145,6 +145,11 @@ def prepare_model(model: torch.nn.Module, cfg: Config, device: torch.device) -> 
     model = model.to(device)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    if cfg.train.compile:
-        model = torch.compile(model)
+    if cfg.train.compile != "off":
+        model = compile_model(model, cfg.train.compile)
     return model
+
+
+def compile_model(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """torch.compile in a `train.compile` mode: "default" is torch's own default mode."""
+    return torch.compile(model, mode=None if mode == "default" else mode)

@@ -85,7 +85,7 @@ def test_overrides_are_typed():
         ],
     )
     assert cfg.train.lr == 0.003 and cfg.train.clip_grad_norm is None
-    assert cfg.train.compile is True and cfg.model.img_size == 32
+    assert cfg.train.compile == "default" and cfg.model.img_size == 32
     assert isinstance(cfg.train.warmup_epochs, float)
     assert cfg.flat()["train.lr"] == 0.003
 

@@ -173,7 +173,7 @@ def combination_config(base: Config, combo: Combination, plan: AblationPlan) -> 
     if "channels_last" in chosen:
         t.channels_last = "channels_last" in combo.on
     if "compile" in chosen:
-        t.compile = "compile" in combo.on
+        t.compile = "default" if "compile" in combo.on else "off"
     cfg.tracking.log_checkpoint = False  # 2^k x R weight files would measure nothing
     cfg.tracking.system_metrics = False  # a sampling thread would share the cores it times
     return cfg

@@ -67,7 +67,7 @@ def run_one(cfg: Config, combo: Combination, repeat: int, *, parent_run_id: str 
 
     device = resolve_device(cfg.train.device)
     record = RunRecord(combo.name, repeat)
-    if cfg.train.compile:
+    if cfg.train.compile != "off":
         import torch
 
         torch._dynamo.reset()  # a fresh compile per run; the cache allows only 8 recompiles
