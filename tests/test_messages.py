@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
 
@@ -92,3 +95,41 @@ def test_images_of_another_channel_count_are_named_expected_and_given(registered
                           f"data.root={root}", "--tracking-uri", store)
     assert line == (f"accel: error: the model takes images of 1 channel of 8x8 px; the "
                     f"imagefolder data in {root} gives 3 channels of 8x8 px"), line
+
+
+def test_a_stopped_study_says_how_many_trials_are_left_and_the_command_that_runs_them(
+        tmp_path):
+    """Ctrl-C after 3 of 5 trials: the last line's command asks for the trials left (not 5
+    more) and says what became of the parent run; run as printed, it brings the study to 5."""
+    from tests.conftest import new_store
+    from tests.test_signals import start
+    from tests.test_study_signals import experiment, load, poll
+
+    store, journal = new_store(tmp_path), str(tmp_path / "optuna.journal")
+    where = ["--study", "q", "--storage", journal, "--tracking-uri", store]
+    proc = start("tune", experiment(tmp_path), *where, "--n-trials", "5")
+    try:
+        poll(lambda: [t.state.name for t in load(journal, "q").trials][:4]
+             == ["COMPLETE"] * 3 + ["RUNNING"], "the fourth trial running", proc)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's whole group
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    done = sum(t.state.name == "COMPLETE" for t in load(journal, "q").trials)
+    assert 3 <= done < 5, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    command = re.search(r"carry the study on with: (.*?) \((\d+) of this run's 5 trial\(s\) "
+                        r"left; the study's parent run ([0-9a-f]{32}) is KILLED; that command "
+                        r"marks it RUNNING again", last)
+    assert command, last
+    assert int(command.group(2)) == 5 - done
+    argv = shlex.split(command.group(1))
+    assert argv[-2:] == ["--n-trials", str(5 - done)] and argv.count("--n-trials") == 1
+    again = start(*argv[1:])  # `accel` as this environment runs it
+    _, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-3000:]
+    assert sum(t.state.name == "COMPLETE" for t in load(journal, "q").trials) == 5, err[-2000:]
+

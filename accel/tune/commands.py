@@ -57,7 +57,7 @@ def cli_tune(args, cfg: Config) -> int:
             warn(f"could not end the study's parent run {job.parent_run_id}: {one_line(e)}")
     progress(summary(study, job))
     if status == "KILLED":
-        again = shlex.join(signals.command) if signals.command else "the same command"
+        again = _carry_on(study, job, n_trials)
         note(f"interrupted; this run's unfinished trial(s) were marked FAIL and queued again, to "
              f"carry on from their checkpoints (their MLflow runs KILLED; the study's parent run "
              f"{job.parent_run_id}); carry the study on with: "
@@ -69,6 +69,39 @@ def cli_tune(args, cfg: Config) -> int:
         note("exit 1: no trial of this invocation completed and some failed; each failed "
              "trial's run holds its error (tag accel.error)")
     return code
+
+
+def _carry_on(study, job: TuneJob, n_trials: int) -> str:
+    """The command that runs the trials this invocation had left (the stopped trial among
+    them), and what became of the study's parent run."""
+    mine = [t for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get(st.ATTR_INVOCATION) == job.invocation]
+    # Done: complete, pruned, or failed by its own error (a stopped trial carries none).
+    done = sum(t.state.name in ("COMPLETE", "PRUNED")
+               or (t.state.name == "FAIL" and st.ATTR_ERROR in t.user_attrs) for t in mine)
+    left = max(n_trials - done, 0)
+    argv = signals.command or [program(), "tune", "--study", job.study]
+    command = shlex.join(_with_n_trials(argv, left))
+    try:
+        parent = tracker_for(job.tracking_uri).client.get_run(job.parent_run_id).info.status
+        became = (f"the study's parent run {job.parent_run_id} is {parent}; that command "
+                  "marks it RUNNING again and adds its trials to it")
+    except Exception:  # the store away: the run's state is what the lines above said
+        became = f"the study's parent run is {job.parent_run_id}"
+    return f"{command} ({left} of this run's {n_trials} trial(s) left; {became})"
+
+
+def _with_n_trials(argv: list[str], n: int) -> list[str]:
+    """`argv` with `--n-trials n` in place of any --n-trials it had (also `--n-trials=K` and
+    the abbreviations argparse accepts)."""
+    out, skip = [], False
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if skip or (len(flag) >= 5 and "--n-trials".startswith(flag)):
+            skip = not skip and "=" not in arg
+            continue
+        out.append(arg)
+    return [*out, "--n-trials", str(n)]
 
 
 def _check_warm_start(cfg: Config, args) -> tuple[list, list, str | None]:
