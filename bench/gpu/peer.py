@@ -1,0 +1,153 @@
+"""airbench94 (Jordan 2024, PyPI `airbench==0.1.8`) run by its own code on any device.
+
+The package trains on CUDA only: `make_net94` ends in `.half().cuda()`, `train` times with CUDA
+events and reads its test set from `./cifar10/test.pt` on GPU 0. On a GPU the check calls the
+package untouched (`train94`, cwd beside `cifar10/`). On a CPU `train_on` runs the package's
+same `train` function with four things moved: the network stays fp32 on the CPU (bf16 by
+autocast where asked: the CPU has no fast fp16), its loaders read their tensors to the CPU as
+fp32, CUDA events become a wall clock, and the whitening layer's covariance stays fp32 under
+autocast. The training itself (data order, augmentation, optimizer, schedule, Lookahead,
+whitening, TTA) is airbench's own code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+
+def load():
+    """The airbench package: installed, or the wheel `make gpu-wheels` built (pure Python)."""
+    try:
+        import airbench
+    except ImportError:
+        from bench.gpu.carry import airbench_wheel
+
+        wheel = airbench_wheel()
+        if wheel is None:
+            raise SystemExit("airbench is not installed and .gpu/wheels has no airbench wheel: "
+                             "run `make gpu-wheels`") from None
+        sys.path.insert(0, str(wheel))
+        import airbench
+    return airbench
+
+
+class _Clock:
+    """torch.cuda.Event's part that airbench uses, on the host clock."""
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end) -> float:
+        return (end.t - self.t) * 1e3  # ms, as CUDA events
+
+
+@contextlib.contextmanager
+def _cpu(ab, amp: str):
+    """airbench's train moved to the CPU (see the module's docstring)."""
+    def loader(*args, **kwargs):
+        made = real_loader(*args, **{**kwargs, "gpu": "cpu"})
+        made.images = made.images.float()
+        return made
+
+    def whiten(*args, **kwargs):
+        with torch.autocast("cpu", enabled=False):
+            return real_whiten(*args, **kwargs)
+
+    real_loader, real_whiten = ab.utils.CifarLoader, ab.utils.init_whitening_conv
+    moved = ((torch.nn.Module, "half", lambda self: self),
+             (torch.nn.Module, "cuda", lambda self, *a, **k: self),
+             (torch.cuda, "Event", lambda **k: _Clock()),
+             (torch.cuda, "synchronize", lambda *a: None),
+             (ab.utils, "CifarLoader", loader),
+             (ab.utils, "init_whitening_conv", whiten))
+    with contextlib.ExitStack() as stack:
+        for target, name, value in moved:
+            stack.enter_context(mock.patch.object(target, name, value))
+        if amp == "bf16":
+            stack.enter_context(torch.autocast("cpu", torch.bfloat16))
+        yield loader
+
+
+def train_on(data: Path, device: str, *, seed: int, amp: str = "off", epochs: float | None = None,
+             tta_level: int = 2, batch_size: int | None = None) -> dict:
+    """One airbench94 training on `data`/{train,test}.pt: seconds (airbench's own clock:
+    whitening init and training, evaluation excluded) and test accuracy (its TTA)."""
+    ab = load()
+    hyp = ab.lib_airbench94.hyp
+    epochs = hyp["opt"]["train_epochs"] if epochs is None else epochs
+    torch.manual_seed(seed)
+    here = os.getcwd()
+    os.chdir(data.parent)  # airbench reads ./cifar10/test.pt
+    try:
+        with _cpu(ab, amp) if device == "cpu" else contextlib.nullcontext(ab.CifarLoader) as cl:
+            train = cl(str(data), train=True, batch_size=batch_size or hyp["opt"]["batch_size"],
+                       aug=hyp["aug"], altflip=True)
+            sync(device)
+            began = time.perf_counter()
+            model = ab.train94(train, epochs=epochs, verbose=False)
+            sync(device)
+            seconds = time.perf_counter() - began
+            test = cl(str(data), train=False, batch_size=2000)
+            with torch.autocast("cpu", torch.bfloat16) if amp == "bf16" else \
+                    contextlib.nullcontext():
+                accuracy = ab.evaluate(model, test, tta_level=tta_level)
+    finally:
+        os.chdir(here)
+    return {"seconds": seconds, "test_acc": accuracy, "epochs": epochs,
+            "train_images": len(train.labels)}
+
+
+def sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+@functools.cache
+def hyperparameters() -> dict:
+    return load().lib_airbench94.hyp
+
+
+# accel's fast recipe (experiments/cifar10_fast.yaml) set to airbench94's hyperparameters
+# (`hyp` of lib_airbench94). airbench sums the loss over the batch with lr 11.5 per 1024 images
+# over a kilostep scale of 1024 (1 + 1 / (1 - momentum)); accel averages it, so its lr is that
+# times 1024: 11.5 / (1 + 1 / 0.15) = 1.5. airbench's decay is 0.0153 x 1024 / 7851 = 0.0019957
+# of each weight per update at the peak lr; torch's SGD decays lr x weight_decay, so
+# weight_decay = 0.0019957 / 1.5. Its triangle peaks at 23% of the updates from 0.2 to 0.07.
+AIRBENCH_OVERRIDES = ("train.batch_size=1024", "train.epochs=10", "train.lr=1.5",
+                      "train.momentum=0.85", "train.weight_decay=1.3305e-3",
+                      "train.warmup_epochs=2.3", "train.lr_start=0.2", "train.lr_end=0.07",
+                      "train.label_smoothing=0.2", "train.bn_bias_lr_scale=64",
+                      "train.whiten_bias_epochs=3", "model.bn_momentum=0.4",
+                      "model.head_scale=0.1111")
+
+
+def accel_overrides() -> list[str]:
+    """AIRBENCH_OVERRIDES, with the recipe's wall-clock budget (train.budget_s, where this
+    checkout has it) off: airbench trains a fixed number of updates."""
+    from accel.config import all_keys
+
+    return [*AIRBENCH_OVERRIDES, *(["train.budget_s=null"] if "train.budget_s" in all_keys()
+                                  else [])]
+
+
+# What stays different, read from airbench's source (lib_airbench94.py, utils.py) against
+# accel's: printed with bench/peer_airbench.py's table.
+DIFFERENCES = (
+    "epochs: accel trains whole epochs, 10 (480 updates); airbench 9.9 (476)",
+    "averaging: accel evaluates a moving average of the weights (decay 0.98 per update, never "
+    "written back); airbench's Lookahead writes its average back into the network every 5 "
+    "updates, with a decay growing as 0.95^5 (t/T)^3, and ends on the average",
+    "weight decay: accel decays no norm or bias; airbench decays its BatchNorm biases (at the "
+    "same absolute rate as the weights) and its whitening bias",
+    "whitening bias: accel trains it at 64x the lr with the BatchNorm biases; airbench at 1x",
+    "precision: airbench's network is fp16 (weights too) on a GPU; on the CPU both sides run "
+    "fp32 (or bf16 autocast with fp32 weights)",
+)
