@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -180,10 +181,35 @@ def _trial_in_an_epoch(store: str, study: str):
     return None
 
 
+class Connections(threading.Thread):
+    """The most connections to one database seen at once, until `done` is set."""
+
+    def __init__(self, database: str):
+        super().__init__(daemon=True)
+        self.database, self.most, self.done = database, 0, threading.Event()
+
+    def run(self) -> None:
+        import psycopg2
+
+        # Autocommit, and no `with admin:` (a transaction, even so): a transaction sees one
+        # snapshot of pg_stat_activity.
+        admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+        admin.autocommit = True
+        try:
+            with admin.cursor() as cur:
+                while not self.done.wait(0.1):
+                    cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
+                                (self.database,))
+                    self.most = max(self.most, cur.fetchone()[0])
+        finally:
+            admin.close()
+
+
 def test_a_worker_warned_before_its_time_limit_ends_its_trial_as_a_stop(tmp_path, postgres_url):
     """The script under bash as Slurm runs it (array task 0 of job 77); Slurm's warning,
     SIGUSR1 to the batch shell, reaches accel as SIGTERM: the trial ends FAIL and its run
-    KILLED, accel exits 143, and the script requeues its task."""
+    KILLED, accel exits 143, and the script requeues its task. Meanwhile the task holds at most
+    the connections docs/scale-out.md counts for one worker: 3 x (1 + 1)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol'}\n")
@@ -200,6 +226,8 @@ def test_a_worker_warned_before_its_time_limit_ends_its_trial_as_a_stop(tmp_path
            "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "0",
            "SLURM_ARRAY_JOB_ID": "77", "SLURM_RESTART_COUNT": "0", "OMP_NUM_THREADS": "1",
            "ACCEL_STORAGE": postgres_url, "MLFLOW_TRACKING_URI": store}
+    connections = Connections(postgres_url.rsplit("/", 1)[1])
+    connections.start()
     proc = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -212,7 +240,10 @@ def test_a_worker_warned_before_its_time_limit_ends_its_trial_as_a_stop(tmp_path
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
+    connections.done.set()
+    connections.join(10)
     assert proc.returncode == SIGTERM_EXIT, err[-3000:]
+    assert 1 <= connections.most <= 3 * (1 + 1), connections.most
     assert "accel: interrupted" in err and "Traceback" not in err, err[-3000:]
     assert (tmp_path / "scontrol").read_text().split() == ["requeue", "77_0"]
     by_id = {r.info.run_id: r for r in runs(store, "warned")}
@@ -236,3 +267,14 @@ def test_a_worker_warned_before_its_time_limit_ends_its_trial_as_a_stop(tmp_path
 def test_the_script_finds_accel_by_this_interpreter(tmp_path):
     script = batch_script(job(tmp_path))
     assert f"{sys.executable} -m accel tune exp.yaml" in script
+
+
+def test_each_storage_object_keeps_at_most_three_connections(postgres_url, monkeypatch):
+    """2 kept open, 1 more at a busy moment (SQLAlchemy's own 5 + 10 would allow 15); the
+    count docs/scale-out.md multiplies out. ACCEL_DB_POOL_SIZE changes the 2."""
+    from accel.tune import open_storage
+
+    pool = open_storage(postgres_url).engine.pool
+    assert (pool.size(), pool._max_overflow) == (2, 1)
+    monkeypatch.setenv("ACCEL_DB_POOL_SIZE", "4")
+    assert open_storage(postgres_url).engine.pool.size() == 4
