@@ -158,7 +158,8 @@ def test_without_sbatch_it_says_so_in_one_line(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--slurm", "0"], "--slurm 0: must be >= 1"),
-    (["--slurm", "4", "--n-trials", "3"], "--slurm 4: more array tasks than the 3 trial(s)")])
+    (["--slurm", "4", "--n-trials", "3"], "--slurm 4: more array tasks than the 3 trial(s)"),
+    (["--slurm", "2", "--slurm-dir", "/tmp/my jobs"], "--slurm-dir /tmp/my jobs: has a space")])
 def test_bad_task_counts_are_one_line(tmp_path, monkeypatch, args, says):
     (tmp_path / "sbatch").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "sbatch").chmod(0o755)

@@ -172,6 +172,10 @@ def cli_submit(args: argparse.Namespace, cfg) -> int:
     study = args.study or cfg.name
     stamp = time.strftime("%Y%m%d-%H%M%S")
     folder = Path(args.slurm_dir or Path("mlruns") / "slurm" / f"{study}-{stamp}").absolute()
+    for what, path in (("--slurm-dir", folder), ("the working directory", Path.cwd())):
+        if any(c.isspace() for c in str(path)):  # an #SBATCH line cannot quote a path
+            raise ConfigError(f"{what} {path}: has a space; sbatch's --output and --chdir "
+                              "need a path without one")
     job = SlurmJob(study=study, tasks=args.slurm, n_trials=n_trials, tune_args=task_args(args),
                    folder=folder, workdir=Path.cwd(), time=args.slurm_time,
                    partition=args.slurm_partition, account=args.slurm_account,
