@@ -86,7 +86,9 @@ class TrainConfig:
     epochs: int = 5
     batch_size: int = 64  # images per micro-batch (one forward/backward)
     accumulation_steps: int = 1  # micro-batches per optimizer update
-    amp: str = "auto"  # auto: bf16 on CUDA (fp16 + loss scaling on older GPUs), fp32 on CPU
+    # auto: bf16 on CUDA (fp16 + loss scaling on older GPUs); on a CPU the faster of bf16 and
+    # fp32 for this model and batch, by a probe of a few updates (cached, logged; accel.amp_probe)
+    amp: str = "auto"
     optimizer: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.05  # not applied to norms and biases
@@ -120,6 +122,9 @@ class TrainConfig:
     compile: str = "off"
     deterministic: bool = False
     epoch_length: int | None = None  # micro-batches per epoch; None = the whole training set
+    # seconds of training (evaluation excluded): the schedule, laid over `epochs` above, is
+    # stretched or shrunk to the updates that fit, measured as the run goes (accel.train.budget)
+    budget_s: float | None = None
     # {metric, value}: log time_to_target_s and epochs_to_target at the first epoch reaching it
     target: dict[str, Any] = field(default_factory=dict)
     stop_at_target: bool = False  # end the run (FINISHED) at that epoch

@@ -17,6 +17,11 @@ import torch
 from ignite.engine import Engine, Events
 
 from accel.config import TrainConfig
+from accel.schedule import (  # noqa: F401 (the schedule, where the step is built)
+    build_scheduler,
+    lr_multiplier,
+    updates_per_epoch,
+)
 
 OPTIMIZER_NAMES = {"adam": "adam", "adamw": "adamw", "sgd": "momentum", "nesterov": "sgd"}
 # ours -> timm's: timm's "sgd" is Nesterov SGD; "momentum" is classical heavy-ball SGD, the usual
@@ -43,7 +48,8 @@ def resolve_amp(mode: str, device: torch.device) -> torch.dtype | None:
         return torch.float16
     if device.type == "cuda":  # auto
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    # auto on CPU is fp32; train.amp=bf16 asks for bf16 autocast (see guard_cpu_bf16_convs).
+    # auto on CPU without a probe is fp32; a run's train.amp=auto measures bf16 against fp32
+    # (accel.amp_probe); train.amp=bf16 asks for bf16 autocast (see guard_cpu_bf16_convs).
     return None
 
 
@@ -88,36 +94,6 @@ def _param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-def lr_multiplier(update: int, *, total: int, warmup: int, kind: str, start: float = 0.0,
-                  end: float = 0.0) -> float:
-    """Linear warm-up over `warmup` updates from `start`, then constant, or cosine or linear
-    decay to `end` at `total` updates (fractions of the learning rate)."""
-    if update < warmup:
-        return start + (1.0 - start) * (update + 1) / warmup
-    if kind == "constant":
-        return 1.0
-    progress = min(1.0, (update - warmup) / max(1, total - warmup))
-    if kind == "linear":
-        return end + (1.0 - end) * (1.0 - progress)
-    return end + (1.0 - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def updates_per_epoch(epoch_length: int, accumulation_steps: int) -> int:
-    return math.ceil(epoch_length / accumulation_steps)  # the short last window is an update too
-
-
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, t: TrainConfig, epoch_length: int
-) -> torch.optim.lr_scheduler.LRScheduler:
-    """Stepped once per optimizer update, so the schedule does not depend on accumulation."""
-    per_epoch = updates_per_epoch(epoch_length, t.accumulation_steps)
-    total, warmup = t.epochs * per_epoch, round(t.warmup_epochs * per_epoch)
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda u: lr_multiplier(u, total=total, warmup=warmup, kind=t.scheduler,
-                                           start=t.lr_start, end=t.lr_end)
-    )
-
-
 def build_scaler(amp_dtype: torch.dtype | None, device: torch.device):
     """fp16 needs loss scaling to keep small gradients from underflowing; bf16 and fp32 do not."""
     if amp_dtype is torch.float16:
@@ -159,19 +135,29 @@ class HeldParameter:
     gradient buckets stay whole. A resumed run holds the value its checkpoint has, which is
     that one."""
 
-    def __init__(self, param: torch.nn.Parameter, epochs: int, *, drop_grad: bool = False):
+    def __init__(self, param: torch.nn.Parameter, epochs: int, *, drop_grad: bool = False,
+                 due: Callable[[], bool] | None = None):
         self.param, self.epochs, self.drop_grad = param, epochs, drop_grad
+        self.due = due  # a budgeted run: held once its share of the plan's updates is done
         self.value: torch.Tensor | None = None
 
     def attach(self, trainer: Engine) -> None:
         trainer.add_event_handler(Events.EPOCH_STARTED, self._hold)
 
     def _hold(self, engine: Engine) -> None:
-        if engine.state.epoch > self.epochs:
-            self.value = self.param.detach().clone()
-            if self.drop_grad:
-                self.param.requires_grad_(False)
-                self.param.grad = None
+        if engine.state.epoch > self.epochs if self.due is None else self.due():
+            self.hold()
+
+    def hold_when_due(self) -> None:
+        """After an update (a budgeted run): from the update its share ends with."""
+        if self.due is not None and self.value is None and self.due():
+            self.hold()
+
+    def hold(self) -> None:
+        self.value = self.param.detach().clone()
+        if self.drop_grad:
+            self.param.requires_grad_(False)
+            self.param.grad = None
 
     def put_back(self) -> None:
         if self.value is not None:
@@ -263,11 +249,11 @@ class UpdateStep:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1  # what follows an update sees it counted
         if self.after_update is not None:
             self.after_update()
         if self.scheduler is not None:
             self.scheduler.step()
-        self.updates += 1
         if skipped:  # its inf/NaN norm says nothing about the gradients that were applied
             self.stats.skipped_updates += 1
         else:

@@ -26,7 +26,8 @@ from accel.tracking.store import (
     rerun_experiment,
 )
 
-TABLE_METRICS = ("val_accuracy", "val_f1", "val_loss", "test_accuracy")
+TABLE_METRICS = ("val_accuracy", "val_f1", "val_loss", "test_accuracy", "train_updates")
+AMP_PARAMS = {"bfloat16": "bf16", "float16": "fp16", "off": "off"}  # resolved.amp -> train.amp
 TIME_METRIC = "epoch_time_s"
 EXIT_NOT_REPRODUCED = 3
 
@@ -45,6 +46,7 @@ class Original:
     epoch_time_s: float | None  # median over the logged epochs
     environment: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)  # warnings to print before training
+    replay: Any = None  # accel.train.Replay: what the run decided on its machine
 
 
 # --- what MLflow holds about the run -------------------------------------------------------
@@ -74,6 +76,8 @@ def load_original(tracker, run_id: str) -> Original:
         ]
         source = "params"
 
+    replay, decided = decisions(tracker, run, local_dir, cfg)
+    notes += decided
     env_text = read_artifact(tracker, run, local_dir, "environment.json")
     if env_text is None:
         notes.append("no environment.json for this run: the environment cannot be compared")
@@ -94,7 +98,38 @@ def load_original(tracker, run_id: str) -> Original:
         epoch_time_s=_median_epoch_time(tracker, run.info.run_id),
         environment=json.loads(env_text) if env_text else None,
         notes=notes,
+        replay=replay,
     )
+
+
+def decisions(tracker, run, local_dir, cfg: Config):
+    """(accel.train.Replay, notes): what the run decided on its machine, to be decided the same
+    in a rerun: the precision train.amp=auto chose (where the rerun's device is of the same
+    kind), and a budgeted run's plan, replayed update by update instead of the budget."""
+    from accel.engine import resolve_device
+    from accel.train import Replay
+    from accel.train.budget import ARTIFACT
+
+    run_id, params, notes = run.info.run_id, run.data.params, []
+    amp = AMP_PARAMS.get(params.get("resolved.amp", "")) if cfg.train.amp == "auto" else None
+    kind = resolve_device(cfg.train.device).type
+    if amp is not None and not params.get("resolved.device", "").startswith(kind):
+        amp = None  # chosen for another kind of device: decided here again
+    if amp is not None:
+        notes.append(f"train.amp=auto chose {amp} in run {run_id}: the rerun trains in {amp}")
+    revisions = None
+    if cfg.train.budget_s:
+        text = read_artifact(tracker, run, local_dir, ARTIFACT)
+        if text is None:
+            notes.append(f"run {run_id} has no {ARTIFACT}: the rerun trains to its own "
+                         f"budget of {cfg.train.budget_s:g} s, so its numbers can differ")
+        else:
+            plan = json.loads(text)
+            revisions = plan["revisions"]
+            notes.append(f"train.budget_s={cfg.train.budget_s:g}: the rerun replays run "
+                         f"{run_id}'s plan, {plan['updates']} updates in {plan['epochs']} "
+                         "epochs, without reading the clock")
+    return Replay(amp, revisions), notes
 
 
 def _median_epoch_time(tracker, run_id: str) -> float | None:
@@ -193,6 +228,7 @@ def rerun(original: Original, tracker, seeds: list[int]) -> list[Rerun]:
                 "accel.reproduces": original.run_id,
                 "accel.config_source": original.source,
             },
+            replay=original.replay,
         )
         times = [row[TIME_METRIC] for row in result.history]
         scored = scores(tracker, result.run_id, cfg) if cfg.search.objectives else {}

@@ -18,7 +18,7 @@ from accel.tracking.store import open_store
 
 
 def cli_resume(args) -> int:
-    from accel.train import describe, train
+    from accel.train import Replay, describe, train
     from accel.train.checkpoint import CheckpointMismatch, download
 
     run_id = args.run_id
@@ -44,9 +44,11 @@ def cli_resume(args) -> int:
             f"`accel reproduce {run_id}` trains it from the start")
     if original.source != "config.yaml":
         warn(f"run {run_id}: config rebuilt from its params (no config.yaml)")
-    note(f"resuming run {run_id} after epoch {resume.epoch} of {cfg.train.epochs}")
-    try:
-        result = train(cfg, resume=resume)
+    planned = (f"{resume.state['trainer']['max_epochs']} planned within train.budget_s="
+               f"{cfg.train.budget_s:g}" if cfg.train.budget_s else cfg.train.epochs)
+    note(f"resuming run {run_id} after epoch {resume.epoch} of {planned}")
+    try:  # in the precision it trained in; a budget's plan goes on from the checkpoint
+        result = train(cfg, resume=resume, replay=Replay(amp=original.replay.amp))
     except CheckpointMismatch as e:  # the data or the model's code changed since
         raise ConfigError(f"run {run_id}: {e}; `accel reproduce {run_id}` trains it from the "
                           "start") from None

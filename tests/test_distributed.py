@@ -36,8 +36,8 @@ def built(monkeypatch) -> list:
 
     kept, build = [], training.build
 
-    def build_and_keep(cfg):
-        parts = build(cfg)
+    def build_and_keep(cfg, *args):
+        parts = build(cfg, *args)
         kept.append(parts)
         return parts
 

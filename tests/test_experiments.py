@@ -36,6 +36,7 @@ def test_experiment_runs_one_short_epoch(path: Path, tiny_imagefolder: Path, mon
         "train.batch_size=8",
         "train.device=cpu",
         "train.compile=false",
+        "train.budget_s=null",  # one short epoch, not a budget's worth
         "data.num_workers=0",
         "data.train_limit=null",
     ]
@@ -65,8 +66,8 @@ def keep_parts(monkeypatch) -> dict:
     module = importlib.import_module("accel.train")
     real, built = module.build, {}
 
-    def build(cfg):
-        parts = built["parts"] = real(cfg)
+    def build(cfg, *args):
+        parts = built["parts"] = real(cfg, *args)
         built["weights"] = {k: v.detach().clone() for k, v in parts.bare.named_parameters()}
         return parts
 

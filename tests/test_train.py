@@ -58,8 +58,8 @@ def test_a_runs_model_is_freed_once_the_next_run_starts(tiny_overrides, store, m
 
     models, build = [], training.build
 
-    def build_and_watch(cfg):
-        parts = build(cfg)
+    def build_and_watch(cfg, *args):
+        parts = build(cfg, *args)
         models.append(weakref.ref(parts.bare))
         return parts
 
@@ -621,7 +621,8 @@ def test_the_moving_average_is_what_is_evaluated_kept_and_logged(tmp_path, monke
     from tests.conftest import TINY_OVERRIDES, new_store
 
     kept, build = [], training.build
-    monkeypatch.setattr(training, "build", lambda cfg: kept.append(build(cfg)) or kept[-1])
+    monkeypatch.setattr(training, "build",
+                        lambda cfg, *args: kept.append(build(cfg, *args)) or kept[-1])
     store = new_store(tmp_path)
     cfg = config.load(None, [*TINY_OVERRIDES, "train.epochs=1", "train.ema_decay=0.8",
                              "train.lr=0.01", f"tracking.uri={store}"])

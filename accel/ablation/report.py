@@ -254,8 +254,8 @@ def describe_plan(cfg: Config, plan: AblationPlan, repeats: int, device_name: st
     ]
     if "amp" in plan.techniques:
         scaler = " + GradScaler" if plan.amp == "fp16" else ""
-        cpu = ("; on CPU train.amp=auto trains in fp32, so these rows show what an explicit "
-               f"train.amp={plan.amp} gives" if plan.device == "cpu" else "")
+        cpu = ("; on CPU train.amp=auto picks bf16 or fp32 by a probe, so these rows show "
+               f"what an explicit train.amp={plan.amp} gives" if plan.device == "cpu" else "")
         lines.append(f"amp on = autocast {plan.amp}{scaler}, off = fp32{cpu}")
     if "resident" in plan.techniques:
         where = ("in memory, augmented in batches (a CPU has no copy to save)"

@@ -20,11 +20,11 @@ from accel.console import program
 from accel.errors import NonFiniteLoss
 from accel.train.checkpoint import Resume, restore
 from accel.train.epochs import attach_epoch_handlers, find_best_epoch, run_epochs
-from accel.train.parts import Parts, build
+from accel.train.parts import Parts, Replay, build
 from accel.train.run_log import RunLog, log_results, open_run, run_costs
 from accel.uris import redact
 
-__all__ = ["NonFiniteLoss", "Result", "Resume", "describe", "find_best_epoch", "train"]
+__all__ = ["NonFiniteLoss", "Replay", "Result", "Resume", "describe", "find_best_epoch", "train"]
 
 METRIC_NAMES = (
     "train_loss",
@@ -70,9 +70,11 @@ def train(
     parent_run_id: str | None = None,
     track: bool = True,
     resume: Resume | None = None,
+    replay: Replay | None = None,
 ) -> Result:
     """Train `cfg` once, logging to MLflow; `trial` (Optuna) only adds per-epoch pruning;
-    `resume` carries on from a last-epoch checkpoint (accel.train.checkpoint). With
+    `resume` carries on from a last-epoch checkpoint (accel.train.checkpoint); `replay` makes
+    the decisions a logged run made on its machine again (accel.train.parts.Replay). With
     `train.nproc_per_node` > 1 this process is rank 0 of the run (accel.train.launch)."""
     from accel.ranks import rank
     from accel.train.launch import ranks
@@ -80,16 +82,17 @@ def train(
     with ranks(cfg, resume):
         if rank() != 0:  # under torchrun: rank 0 alone logs and reports
             track, trial = False, None
-        return _train(cfg, trial, run_name, tags, parent_run_id, track, resume)
+        return _train(cfg, trial, run_name, tags, parent_run_id, track, resume, replay)
 
 
 def _train(cfg: Config, trial: Any, run_name: str | None, tags: dict[str, str] | None,
-           parent_run_id: str | None, track: bool, resume: Resume | None) -> Result:
+           parent_run_id: str | None, track: bool, resume: Resume | None,
+           replay: Replay | None = None) -> Result:
     from accel.tracking import scratch_dir
 
     started = time.perf_counter()
     _reset_peak_memory(cfg.train.device)
-    parts = build(cfg)
+    parts = build(cfg, replay)
     if resume is not None:
         restore(parts, resume.state)
         _report_earlier_epochs(trial, parts)

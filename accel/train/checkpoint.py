@@ -150,8 +150,9 @@ class CheckpointMismatch(ConfigError):
 def restore(parts, state: dict[str, Any]) -> None:
     """Put `state` (from `capture`) into a freshly built run of the same config."""
     saved = state["trainer"]
-    if (saved["epoch_length"], saved["max_epochs"]) != (parts.epoch_length,
-                                                        parts.cfg.train.epochs):
+    # a budgeted run's epochs are its plan's, which its scheduler state carries on
+    epochs = saved["max_epochs"] if parts.cfg.train.budget_s else parts.cfg.train.epochs
+    if (saved["epoch_length"], saved["max_epochs"]) != (parts.epoch_length, epochs):
         raise CheckpointMismatch(
             f"the checkpoint is of a run with {saved['max_epochs']} epochs of "
             f"{saved['epoch_length']} batches, this config has {parts.cfg.train.epochs} of "

@@ -71,6 +71,8 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
 
             parts.rank_random_states = ranks.gathered(random_states())
         run.last_state(parts)
+        if parts.budget is not None:  # the plan so far: what a reproduce replays
+            run.budget_plan(parts)
         run.metrics(row, step=trainer.state.epoch)
         hit = time_to_target(cfg.train.target, parts.history)
         if hit is not None and hit[1] == len(parts.history):  # reached at this very epoch
@@ -80,7 +82,7 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
                 trainer.terminate()  # the run ends FINISHED after this epoch
                 return
         if verbose:
-            print(f"epoch {trainer.state.epoch}/{cfg.train.epochs} "
+            print(f"epoch {trainer.state.epoch}/{trainer.state.max_epochs} "
                   + " ".join(f"{k}={v:.4g}" for k, v in row.items()), file=sys.stderr)
         prune(pruning, parts.evaluator)
 
@@ -155,15 +157,16 @@ def run_epochs(parts: Parts, run: RunLog) -> dict[str, float]:
     scored with the best epoch's weights: those best.pt holds, which a registered or served
     model and `accel evaluate` use, so every number of a run describes the model it publishes."""
     t, trainer = parts.cfg.train, parts.trainer
-    if trainer.state.epoch < t.epochs:  # a run resumed after its last epoch has none left
-        trainer.run(parts.batches, max_epochs=t.epochs, epoch_length=parts.epoch_length)
+    epochs = planned_epochs(parts)
+    if trainer.state.epoch < epochs:  # a run resumed after its last epoch has none left
+        trainer.run(parts.batches, max_epochs=epochs, epoch_length=parts.epoch_length)
     last_loss = trainer.state.output["loss"] if trainer.state.output else torch.tensor(0.0)
     if not torch.isfinite(last_loss).all():
         raise NonFiniteLoss(
             f"loss became {float(last_loss)} at epoch {trainer.state.epoch} "
             f"(train.lr={t.lr}); the run is marked FAILED"
         )
-    final = dict(parts.history[-1])
+    final = {**parts.history[-1], "train_updates": parts.step.updates}
     changed = load_best(parts, run)
     if parts.data.test is None and changed:  # the confusion matrix logged is of these weights
         parts.evaluator.run(parts.data.val)
@@ -173,6 +176,17 @@ def run_epochs(parts: Parts, run: RunLog) -> dict[str, float]:
                      test_f1=float(test["f1"]))
     return final
 
+
+def planned_epochs(parts: Parts) -> int:
+    """train.epochs; with train.budget_s, the epochs of the plan as it stands (a resumed run:
+    as its checkpoint left them), which the budget revises as the run goes."""
+    trainer, step = parts.trainer, parts.step
+    if parts.budget is None:
+        return parts.cfg.train.epochs
+    if trainer.state.epoch and trainer.state.max_epochs:
+        return trainer.state.max_epochs
+    schedule = parts.budget.schedule
+    return schedule.epochs_for(schedule.total_at(step.updates))
 
 
 def load_best(parts: Parts, run: RunLog) -> bool:

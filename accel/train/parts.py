@@ -9,10 +9,12 @@ from typing import Any
 
 import torch
 
-from accel import engine, models, ranks
+from accel import amp_probe, engine, models, ranks
 from accel.config import Config
 from accel.console import say_notes
+from accel.schedule import build_scheduler
 from accel.train import launch
+from accel.train.budget import Budget
 from accel.train.checkpoint import Batches
 
 
@@ -30,6 +32,8 @@ class Parts:
     amp_dtype: torch.dtype | None
     epoch_length: int  # micro-batches per epoch
     batches: Any  # accel.train.checkpoint.Batches: the train loader, as the trainer reads it
+    amp: Any = None  # accel.amp_probe.AmpDecision: what train.amp resolved to, and how
+    budget: Any = None  # accel.train.budget.Budget: a run with train.budget_s
     history: list[dict[str, float]] = field(default_factory=list)
     best_state: dict[str, torch.Tensor] | None = None  # the best epoch's weights, this process
     rank_random_states: list | None = None  # every rank's, at the last epoch's end (ranks > 1)
@@ -44,7 +48,16 @@ class Parts:
         return self.averaged.module if self.averaged is not None else self.bare
 
 
-def build(cfg: Config) -> Parts:
+@dataclass
+class Replay:
+    """What a logged run decided on its machine, decided the same again: the precision
+    `train.amp=auto` chose (reproduce, resume) and a budgeted run's plan (reproduce)."""
+
+    amp: str | None = None  # off, bf16 or fp16
+    revisions: list[list[int]] | None = None  # accel.schedule.Schedule.revisions
+
+
+def build(cfg: Config, replay: Replay | None = None) -> Parts:
     """Data, model, update step, trainer and evaluator for `cfg` (nothing logged yet)."""
     from accel.data import build_data
 
@@ -65,18 +78,21 @@ def build(cfg: Config) -> Parts:
         models.fit_whitening(bare, first_images(data.train.dataset, cfg.model.whiten_images))
     model = models.prepare_model(bare, cfg, device)
 
-    amp_dtype = engine.resolve_amp(t.amp, device)
-    if amp_dtype is torch.bfloat16 and device.type == "cpu":
-        engine.guard_cpu_bf16_convs(bare)
+    amp = precision(cfg, device, bare, data, replay)
+    amp_dtype = amp.dtype
+    notes = [amp.line()] if amp.how == "measured" else []  # cached: logged, not said again
     epoch_length = t.epoch_length or len(data.train)
     few = None if t.epoch_length else few_updates(data.train, t.accumulation_steps, epoch_length)
-    notes = []
     if few and few not in _said:  # train.epoch_length set: the user chose the epoch's size
         _said.add(few)  # once per process: a study's trials would repeat it
         notes.append(few)
     optimizer = engine.build_optimizer(model, t)
     averaged = engine.moving_average(bare, t.ema_decay) if t.ema_decay else None
-    held, after_update = _after_update(t, bare, averaged)
+    revisions = replay.revisions if replay else None
+    scheduler = build_scheduler(optimizer, t, epoch_length, revisions=revisions,
+                                replay=revisions is not None)
+    budget = Budget(scheduler.lr_lambdas[0]) if t.budget_s else None
+    held, after_update = _after_update(t, bare, averaged, budget)
     trained = ranks.wrap(model, device)  # several ranks: DistributedDataParallel
     non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
     step = engine.UpdateStep(
@@ -88,7 +104,7 @@ def build(cfg: Config) -> Parts:
         amp_dtype=amp_dtype,
         scaler=engine.build_scaler(amp_dtype, device),
         clip_grad_norm=t.clip_grad_norm,
-        scheduler=engine.build_scheduler(optimizer, t, epoch_length),
+        scheduler=scheduler,
         channels_last=t.channels_last,
         non_blocking=non_blocking,
         after_update=after_update,
@@ -100,26 +116,51 @@ def build(cfg: Config) -> Parts:
     trainer = engine.create_trainer(step)
     if held is not None:
         held.attach(trainer)
-    return Parts(cfg, device, data, bare, step, trainer, evaluator,
-                 amp_dtype, epoch_length, Batches(data.train), notes=notes, averaged=averaged)
+    parts = Parts(cfg, device, data, bare, step, trainer, evaluator, amp_dtype, epoch_length,
+                  Batches(data.train), notes=notes, averaged=averaged, amp=amp, budget=budget)
+    if budget is not None:
+        budget.attach(trainer, step, parts.history)
+    return parts
 
 
-def _after_update(t, bare: torch.nn.Module, averaged):
+def precision(cfg: Config, device: torch.device, bare: torch.nn.Module, data,
+              replay: Replay | None) -> amp_probe.AmpDecision:
+    """train.amp resolved (auto: measured on a CPU, accel.amp_probe), the bf16 conv guard put
+    on where a CPU trains in bf16."""
+    shape = (cfg.train.batch_size, data.in_chans, data.img_size, data.img_size)
+    replayed = replay.amp if replay else None
+    if ranks.world_size() > 1 and ranks.rank() > 0:  # several ranks: rank 0 decides for all
+        replayed = ranks.from_rank_zero(None)
+    amp = amp_probe.decide(cfg.train.amp, device, bare, cfg, shape, data.num_classes, replayed)
+    if ranks.world_size() > 1 and ranks.rank() == 0:
+        ranks.from_rank_zero(amp.mode)
+    if amp.dtype is torch.bfloat16 and device.type == "cpu":
+        engine.guard_cpu_bf16_convs(bare)
+    return amp
+
+
+def _after_update(t, bare: torch.nn.Module, averaged, budget: Budget | None):
     """(the whitening bias held after train.whiten_bias_epochs, or None; what follows every
-    optimizer update: that bias put back, then the moving average, which so sees the weights
-    the next update starts from)."""
+    optimizer update: a budget's look at the clock (which may revise the plan), the bias held
+    and put back, then the moving average, which so sees the weights the next update starts
+    from)."""
     whitening = models.whitening_layer(bare)
+    due = (lambda: budget.schedule.hold_due(budget.step.updates)) if budget else None
     held = (engine.HeldParameter(whitening.bias, t.whiten_bias_epochs,
-                                 drop_grad=ranks.world_size() == 1)
+                                 drop_grad=ranks.world_size() == 1, due=due)
             if whitening is not None and t.whiten_bias_epochs is not None else None)
 
     def after_update() -> None:
+        if budget is not None:
+            budget.after_update()
         if held is not None:
+            held.hold_when_due()
             held.put_back()
         if averaged is not None:
             averaged.update_parameters(bare)
 
-    return held, after_update if held is not None or averaged is not None else None
+    needed = held is not None or averaged is not None or budget is not None
+    return held, after_update if needed else None
 
 
 FEW_UPDATES = 10  # updates per epoch under which a run says so

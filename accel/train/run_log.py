@@ -58,6 +58,14 @@ class RunLog:
             checkpoint.upload(self.tracker, self.run_id, checkpoint.capture(parts), self.scratch)
             self.resumable = True
 
+    def budget_plan(self, parts: Parts) -> None:
+        """`budget_plan.json`: a budgeted run's plan and its revisions so far (budget.py)."""
+        from accel.train.budget import ARTIFACT, record
+
+        if self.tracker:
+            plan = record(parts.budget, len(parts.history))
+            retry_locked(self.tracker.log_json, self.run_id, plan, ARTIFACT)
+
     def drop_last_state(self) -> None:
         """A finished or pruned run is not resumed: its last-epoch checkpoint goes (best.pt
         stays). A store that cannot delete only costs space."""
@@ -175,6 +183,10 @@ def _log_recipe(run: RunLog, parts: Parts) -> None:
     })
     env = environment(str(parts.device), cfg.train.seed)
     retry_locked(tracker.log_json, run.run_id, env, "environment.json")
+    if cfg.train.amp == "auto":  # what it chose here, and the probe's timings
+        retry_locked(tracker.set_tags, run.run_id, parts.amp.tags())
+        if parts.amp.metrics():
+            retry_locked(tracker.log_metrics, run.run_id, parts.amp.metrics(), step=0)
     retry_locked(log_splits, tracker.client, run.run_id, data_records(cfg, parts.data))
 
 
@@ -233,7 +245,14 @@ def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -
     metric = parts.cfg.search.metric
     summary = {k: v for k, v in final.items() if k.startswith("test_")}
     summary.update({"best_epoch": best, f"best_{metric}": parts.history[best - 1][metric],
-                    "train_time_s": run_costs(parts.history)["train_time_s"]})
+                    "train_time_s": run_costs(parts.history)["train_time_s"],
+                    "train_updates": final["train_updates"], "train_epochs": len(parts.history)})
+    if parts.budget is not None:
+        summary["budget_s"] = parts.cfg.train.budget_s
+        measured = {"update_time_s": parts.budget.update_s,
+                    "last_update_time_s": parts.budget.last_update_s}
+        summary.update({k: v for k, v in measured.items() if v is not None})
+        run.budget_plan(parts)
     run.metrics(summary, step=parts.trainer.state.epoch)
     matrix = parts.evaluator.state.metrics["confusion_matrix"]
     log_confusion_matrix(run.tracker, run.run_id, matrix, parts.data.classes)

@@ -1,0 +1,109 @@
+"""`train.budget_s`: the schedule laid over a wall-clock training budget (Li, Yumer and Ramanan,
+"Budgeted Training", ICLR 2020: a schedule that ends at the budget beats one cut short by it).
+
+The run starts on the nominal plan (`train.epochs` of updates). After a few updates it knows its
+own speed (seconds per update, the first updates of a process left out: they build kernels) and
+revises the plan to the updates that fit the budget; it revises again at each epoch's end, and at
+every update of the epoch the plan ends in, so the last update is the one after which another
+would not fit. The learning rate's decay, the warm-up and the whitening bias's hold follow the
+plan (accel.schedule.Schedule); the moving average and the per-epoch evaluations (Optuna's
+pruning reports) come with every update and epoch as before. Only training counts: the
+evaluations after each epoch and the test split after the last are outside the budget.
+
+Every revision is kept, so `accel reproduce` replays the plan update by update (`replay`: the
+clock is not read) and `accel resume` carries it on from the checkpoint's scheduler state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from accel.schedule import Schedule
+
+ARTIFACT = "budget_plan.json"
+UNMEASURED_UPDATES = 2  # a process's first updates: oneDNN and the allocator warm up
+MEASURED_UPDATES = 3  # updates timed before the first estimate
+
+
+class Budget:
+    """Reads the training clock after every update and keeps the plan within the budget."""
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        self.trainer = self.step = None
+        self.history: list[dict[str, float]] = []  # the run's epochs, their training times
+        self.epoch_t0 = 0.0
+        self.mark: tuple[int, float] | None = None  # (updates, training s) where timing began
+        self.first: int | None = None  # the update count this process started from
+        self.started = 0.0  # training seconds when this process started
+        self.estimated = False  # this process made its first estimate
+        self.update_s: float | None = None  # seconds per update, as measured here
+        self.last_update_s: float | None = None  # the latest update's own seconds
+        self._before = 0.0  # training seconds when the latest update began
+
+    def attach(self, trainer, step: Any, history: list[dict[str, float]]) -> None:
+        """On `trainer`, whose process function is `step` (accel.engine.UpdateStep)."""
+        from ignite.engine import Events
+
+        self.trainer, self.step, self.history = trainer, step, history
+        trainer.add_event_handler(Events.EPOCH_STARTED, self._start_epoch)
+
+    def _start_epoch(self, _) -> None:
+        self.epoch_t0 = time.perf_counter()
+        self._before = self.elapsed()
+
+    def elapsed(self) -> float:
+        """Training seconds so far: the epochs done (their evaluation excluded), then this one."""
+        done = sum(row["epoch_time_s"] for row in self.history)
+        return done + time.perf_counter() - self.epoch_t0
+
+    def after_update(self) -> None:
+        u, s = self.step.updates, self.schedule
+        elapsed = self.elapsed()
+        self.last_update_s, self._before = elapsed - self._before, elapsed
+        total = s.total_at(u) if s.replay else self._plan(u, elapsed)
+        state = self.trainer.state
+        if total <= u:  # this was the last update
+            state.max_epochs = state.epoch
+            if u % s.per_epoch:  # inside an epoch: it ends now, and is evaluated
+                self.trainer.terminate_epoch()
+        else:
+            state.max_epochs = max(state.epoch, s.epochs_for(total))
+
+    def _plan(self, u: int, elapsed: float) -> int:
+        """The plan's total from update `u` on, revised where the clock says so (`elapsed`:
+        training seconds so far)."""
+        s = self.schedule
+        remaining = s.budget_s - elapsed
+        if self.first is None:
+            self.first, self.started = u - 1, elapsed - self.last_update_s
+        if self.mark is None and u - self.first >= UNMEASURED_UPDATES:
+            self.mark = (u, elapsed)
+        measured = u - self.mark[0] if self.mark else 0
+        if remaining <= 0:
+            s.revise(u, u)
+            if self.update_s is None:  # spent before it was measured: the mean of all so far
+                self.update_s = (elapsed - self.started) / (u - self.first)
+        elif measured >= MEASURED_UPDATES:
+            self.update_s = (elapsed - self.mark[1]) / measured
+            epoch_end = math.ceil(u / s.per_epoch) * s.per_epoch
+            if (not self.estimated or u % s.per_epoch == 0 or s.total <= epoch_end
+                    or remaining < self.update_s):
+                # floor: an update that would end past the budget is not planned
+                s.revise(u, u + math.floor(remaining / self.update_s))
+                self.estimated = True
+        if not self.estimated and s.total <= u and remaining > 0:
+            s.revise(u, u + 1)  # the nominal plan is shorter than the measuring: one more
+        return s.total_at(u)
+
+
+def record(budget: Budget, epochs: int) -> dict:
+    """What `budget_plan.json` holds: the budget, the plan's revisions, what it used, and the
+    measured seconds of an update (the mean, and the last one's)."""
+    s = budget.schedule
+    return {"budget_s": s.budget_s, "updates_per_epoch": s.per_epoch,
+            "revisions": s.revisions, "updates": budget.step.updates, "epochs": epochs,
+            "update_s": budget.update_s, "last_update_s": budget.last_update_s,
+            "replayed": s.replay}
