@@ -40,7 +40,8 @@ def timed_run(overrides: list[str], store: str) -> tuple[float, int]:
 
 
 def allocator(rounds: int, steps: int, batch: int) -> None:
-    common = [RECIPE, "train.epochs=2", f"train.epoch_length={steps}", "eval.tta=none",
+    common = [RECIPE, "train.epochs=2", "train.budget_s=null", f"train.epoch_length={steps}",
+              "eval.tta=none",
               "tracking.system_metrics=false"]
     settings = {"kept": ["train.keep_freed_memory=true"],
                 "handed back": ["train.keep_freed_memory=false"]}
@@ -71,7 +72,7 @@ def bias_gradient(rounds: int, steps: int) -> None:
     from accel import config, models
     from accel.train import parts
 
-    cfg = config.load(RECIPE, ["train.epoch_length=1000"])
+    cfg = config.load(RECIPE, ["train.epoch_length=1000", "train.budget_s=null"])
     built = parts.build(cfg)
     loader = iter(built.data.train)
     batches = [next(loader) for _ in range(steps)]

@@ -161,7 +161,7 @@ def main() -> None:
     if not args.skip_recipe:
         recipe_part(args.overrides, args.png)
     if not args.skip_ingredients:
-        ingredients_part([*args.overrides, f"train.epochs={args.epochs}",
+        ingredients_part([*args.overrides, "train.budget_s=null", f"train.epochs={args.epochs}",
                           f"data.train_limit={args.train_limit}"], args.rounds, args.seed)
 
 
