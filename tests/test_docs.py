@@ -215,3 +215,15 @@ def test_the_serving_recipe_runs_as_written(tmp_path):
     assert answer.returncode == 0, answer.stderr[-3000:] + log.read_text()[-2000:]
     predicted = ast.literal_eval(answer.stdout.strip())
     assert len(predicted) == 1 and predicted[0] in [str(d) for d in range(10)], answer.stdout
+
+
+def test_the_readme_shows_the_data_step_before_the_first_cifar_command():
+    """`accel train experiments/cifar10_cpu.yaml` needs the shared CIFAR-10 extracted first: the
+    README's code shows that step (a module that exists) before any CIFAR experiment."""
+    import importlib.util
+
+    lines = code_lines(ROOT / "README.md")
+    cifar = next(i for i, line in enumerate(lines) if "experiments/cifar10" in line)
+    steps = [line.split("#")[0].split() for line in lines[:cifar]]
+    assert ["python", "-m", "accel.shared_data"] in steps, lines[cifar]
+    assert importlib.util.find_spec("accel.shared_data") is not None
