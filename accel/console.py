@@ -3,6 +3,7 @@ tables. Results go to stdout; everything about how the work goes goes to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -11,8 +12,29 @@ import sys
 MISSING = "—"  # a cell with no number (not run, failed, not logged)
 
 
+_held: list[str] | None = None  # notes kept for the end of a study's trials (`notes_held`)
+
+
 def note(message: str) -> None:
+    if _held is not None:
+        if message not in _held:
+            _held.append(message)
+        return
     print(f"accel: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def notes_held():
+    """Notes said inside (a study's trials) are said once each when it ends, after the trials'
+    progress lines rather than between them."""
+    global _held
+    outer, _held = _held, []
+    try:
+        yield
+    finally:
+        held, _held = _held, outer
+        for message in held:
+            note(message)
 
 
 _later: list[str] = []

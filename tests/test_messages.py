@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, make_imagefolder, register_tiny_model, run_cli
+from tests.conftest import ROOT, TINY_OVERRIDES, make_imagefolder, register_tiny_model, run_cli
 
 HEAVY = ("torch", "timm", "ignite", "mlflow", "optuna")
 
@@ -133,3 +133,20 @@ def test_a_stopped_study_says_how_many_trials_are_left_and_the_command_that_runs
     assert again.returncode == 0, err[-3000:]
     assert sum(t.state.name == "COMPLETE" for t in load(journal, "q").trials) == 5, err[-2000:]
 
+
+
+def test_a_notice_during_a_study_comes_after_the_trial_lines_not_between_them(tmp_path):
+    """An epoch of a few updates (digits at train.batch_size=256, 5 updates, fewer where a trial
+    accumulates) gets its notice once, after the study's trial lines."""
+    tiny = [o for o in TINY_OVERRIDES if not o.startswith(("train.epoch_length", "train.batch"))]
+    proc = run_cli("tune", *tiny, "train.epochs=1", "train.batch_size=256",
+                   "tracking.system_metrics=false", "--study", "n", "--n-trials", "2",
+                   "--storage", str(tmp_path / "optuna.journal"),
+                   "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    notices = [i for i, line in enumerate(lines) if line.startswith("accel: an epoch is ")]
+    trials = [i for i, line in enumerate(lines) if re.match(r"trial \d{3} ", line)]
+    assert notices and len(trials) == 2, proc.stderr
+    assert min(notices) > max(trials), proc.stderr
+    assert len({lines[i] for i in notices}) == len(notices), proc.stderr  # each said once

@@ -20,7 +20,7 @@ import warnings
 
 from accel import outage
 from accel.config import ConfigError
-from accel.console import progress, quiet_libraries, warn
+from accel.console import notes_held, progress, quiet_libraries, warn
 from accel.errors import one_line
 from accel.signals import handle_stops, ignore_stops, stop_requested
 from accel.tracking import retry_locked
@@ -157,7 +157,8 @@ def _worker_main(job: TuneJob, index: int, restart: int, budget: Budget,
 
         # Share the CPU cores instead of oversubscribing them (n workers x all cores each).
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.workers))
-        run_worker(job, index, budget, restart)
+        with notes_held():  # after this worker's trial lines, not between them
+            run_worker(job, index, budget, restart)
     except KeyboardInterrupt:
         sys.exit(130)
     except ConfigError as e:
@@ -187,7 +188,8 @@ def run_workers(job: TuneJob, n_trials: int, study, tracker) -> int:
     worker process that dies is replaced (at most `MAX_RETRY` times per trial of the
     invocation, as its trials are retried) while trials are left."""
     if job.workers == 1:
-        run_worker(job, 0, Budget(n_trials))
+        with notes_held():  # after the trial lines, not between them
+            run_worker(job, 0, Budget(n_trials))
         return 0
     import multiprocessing
     from multiprocessing.connection import wait
