@@ -298,3 +298,26 @@ def test_bad_budgets_are_refused_in_one_line():
         "(train.epochs)")
     out = run_in_process("train", *TINY_OVERRIDES, "train.budget_s=5", "train.nproc_per_node=2")
     assert out.returncode == 2 and "train.budget_s=5.0: is measured by one process" in out.stderr
+
+
+def test_each_trial_of_a_study_trains_to_the_budget(tmp_path):
+    """train.budget_s in a study's config: every trial is laid over the same training budget
+    (its epochs the ones that fit), ends on time and logs its plan."""
+    from tests.conftest import cli_main
+
+    store = new_store(tmp_path)
+    code, _, err = cli_main(
+        "tune", *BUDGETED, "train.budget_s=2", "search.pruner=none",
+        "search.space={train.lr: {type: float, low: 0.005, high: 0.02}}", "--study", "b",
+        "--n-trials", "2", "--storage", str(tmp_path / "optuna.journal"),
+        "--tracking-uri", store)
+    assert code == 0, err[-3000:]
+    c = client(store)
+    trials = c.search_runs([e.experiment_id for e in c.search_experiments()],
+                           "tags.`accel.role` = 'trial'")
+    assert len(trials) == 2
+    for run in trials:
+        m = run.data.metrics
+        assert m["budget_s"] == 2.0
+        assert m["train_time_s"] <= 2.0 + m["last_update_time_s"] + 0.05, m
+        assert plan_of(store, run.info.run_id, tmp_path)["updates"] == m["train_updates"]
