@@ -18,6 +18,9 @@ in the middle of an epoch, then everything stopped and removed.
    values from its checkpoint; one MLflow run per trial; nothing RUNNING in Optuna or MLflow;
    the parent run FINISHED; `accel best` answers. The most connections to the Optuna database
    seen at once (pg_stat_activity, sampled every 0.5 s) is printed.
+   Then a time limit: one task with `--slurm-time 2 --slurm-warn 60` on a trial longer than
+   that: Slurm's warning (SIGUSR1 to the batch shell) stops accel (the trial FAIL, its run
+   KILLED) and the script requeues the task (`Restarts=1`), which is then cancelled.
 5. Always, even after a failure: the jobs cancelled, slurmd, slurmctld, munged and the server
    stopped (their process groups), the databases dropped, the scratch removed (unless --keep),
    then `ps` shows nothing of it left. Exit 1 if any check failed.

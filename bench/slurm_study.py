@@ -70,6 +70,44 @@ def run_study(cluster, admin, scratch: Path, args) -> list[str]:
     log(f"figures: {args.trials} trials over {TASKS} array tasks, wall {wall:.0f} s from "
         f"submission to the array's end; trial {requeued} requeued mid-epoch; at most "
         f"{connections.most} connections to the Optuna database at once")
+    return failed + check_time_limit(cluster, url, storage, exp, scratch / "warned")
+
+
+def check_time_limit(cluster, url: str, storage: str, exp: Path, jobs: Path) -> list[str]:
+    """One task with a 2-minute limit and the warning 60 s before it, on a trial longer than
+    that: the warning stops accel (the trial FAIL, its run KILLED) and the script requeues the
+    task; the requeued task is then cancelled."""
+    from mlflow.tracking import MlflowClient
+
+    submit = subprocess.run(
+        [sys.executable, "-m", "accel", "tune", str(exp), "train.epochs=200", "--study", "warned",
+         "--n-trials", "1", "--slurm", "1", "--slurm-cpus", "1", "--slurm-time", "2",
+         "--slurm-warn", "60", "--slurm-dir", str(jobs), "--storage", storage,
+         "--tracking-uri", url], cwd=ROOT, env=cluster.env, capture_output=True, text=True,
+        timeout=600)
+    if submit.returncode != 0:
+        log(f"accel tune --slurm (time limit) exited {submit.returncode}: {submit.stderr[-3000:]}")
+        return ["submit with a time limit"]
+    job = re.search(r"submitted job array (\d+)", submit.stderr).group(1)
+    log(f"submitted job array {job}: 1 task, --slurm-time 2 --slurm-warn 60")
+    show = wait_for(lambda: (lambda out: out if "Restarts=1" in out and "JobState=PENDING" in out
+                             else None)(cluster.slurm(["scontrol", "show", "job", job])),
+                    "the task requeued after its warning", timeout=300)
+    cluster.slurm(["scancel", job])
+    client = MlflowClient(url)
+    runs = client.search_runs([client.get_experiment_by_name("warned").experiment_id])
+    trial_runs = [r for r in runs if r.data.tags.get("accel.role") == "trial"]
+    text = "".join(f.read_text() for f in jobs.glob("*.out"))
+    failed = []
+    for ok, what in (
+            ("Restarts=1" in show, "the warned task requeued itself (scontrol show job)"),
+            ("accel: interrupted" in text, "the warning stopped accel (its log)"),
+            ([r.info.status for r in trial_runs] == ["KILLED"]
+             and trial_runs[0].data.tags.get("optuna.trial_state") == "FAIL",
+             "the warned trial's run KILLED, the trial FAIL")):
+        log(f"{'ok  ' if ok else 'FAIL'} {what}")
+        if not ok:
+            failed.append(what)
     return failed
 
 
