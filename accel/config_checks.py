@@ -108,10 +108,7 @@ def check(cfg: Any) -> None:
              cfg.model.bn_momentum is None or 0 < cfg.model.bn_momentum <= 1,
              "must be in (0, 1] or null (the model's own)")
     _require("train.nproc_per_node", t.nproc_per_node, t.nproc_per_node >= 1, "must be >= 1")
-    _require("train.budget_s", t.budget_s, t.budget_s is None or t.budget_s > 0,
-             "must be > 0 (seconds of training) or null (train.epochs)")
-    _require("train.budget_s", t.budget_s, t.budget_s is None or t.nproc_per_node == 1,
-             "is measured by one process: set train.nproc_per_node=1 or train.budget_s=null")
+    _check_budget(t)
     _require("train.epoch_length", t.epoch_length, t.epoch_length is None or t.epoch_length >= 1,
              "must be >= 1 or null")
     for key, value, choices in (
@@ -129,6 +126,15 @@ def check(cfg: Any) -> None:
 
     t.compile = _COMPILE_WORDS.get(str(t.compile).strip().lower(), t.compile)
     _choice("train.compile", t.compile, COMPILE_MODES)
+def _check_budget(t: Any) -> None:
+    if t.budget_s is None:
+        return
+    _require("train.budget_s", t.budget_s, t.budget_s > 0,
+             "must be > 0 (seconds of training) or null (train.epochs)")
+    _require("train.budget_s", t.budget_s, t.nproc_per_node == 1,
+             "is measured by one process: set train.nproc_per_node=1 or train.budget_s=null")
+
+
 def _check_target(t: Any) -> None:
     if t.stop_at_target and not t.target:
         raise ConfigError("train.stop_at_target=true needs train.target: {metric: ..., value: ...}")

@@ -49,7 +49,7 @@ def resolve_amp(mode: str, device: torch.device) -> torch.dtype | None:
     if device.type == "cuda":  # auto
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     # auto on CPU without a probe is fp32; a run's train.amp=auto measures bf16 against fp32
-    # (accel.amp_probe); train.amp=bf16 asks for bf16 autocast (see guard_cpu_bf16_convs).
+    # (accel.train.amp_probe); train.amp=bf16 asks for bf16 autocast (see guard_cpu_bf16_convs).
     return None
 
 

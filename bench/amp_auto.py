@@ -6,7 +6,7 @@ For each recipe (experiments/cifar10_fast.yaml, experiments/quickstart.yaml) thi
 twice in this process, `train.amp=off` and `train.amp=bf16`, exactly as `accel train` builds it
 (data, model, whitening, optimizer, the bf16 conv guard, channels_last), and times `--steps` of
 its real update steps on its real batches per round, the two alternating. It also runs auto's
-probe afresh (accel.amp_probe.probe: copies of the model on random batches, the cache left
+probe afresh (accel.train.amp_probe.probe: copies of the model on random batches, the cache left
 alone) and prints what auto would choose, then whether that is the precision the side-by-side
 measurement found faster. Last line per recipe: the median fp32 / bf16 step-time ratio and its
 per-round spread. The fast recipe needs CIFAR-10 (`python -m accel.shared_data`).
@@ -45,9 +45,9 @@ def stepper(built, batches):
 def compare(recipe: str, rounds: int, steps: int) -> None:
     import torch
 
-    from accel import amp_probe, config
+    from accel import config
     from accel.tracking.environment import cpu_name
-    from accel.train import parts
+    from accel.train import amp_probe, parts
 
     common = ["train.device=cpu", "train.budget_s=null", f"train.epoch_length={steps}"]
     builds = {name: parts.build(config.load(ROOT / recipe, [*common, f"train.amp={amp}"]))

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from accel import amp_probe, config
+from accel import config
+from accel.train import amp_probe
 from tests.conftest import TINY_OVERRIDES, cli_main, new_store, run_cli
 
 AUTO = [*TINY_OVERRIDES, "train.amp=auto", "tracking.system_metrics=false"]

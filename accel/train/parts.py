@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from accel import amp_probe, engine, models, ranks
+from accel import engine, models, ranks
 from accel.config import Config
 from accel.console import say_notes
 from accel.schedule import build_scheduler
-from accel.train import launch
+from accel.train import amp_probe, launch
 from accel.train.budget import Budget
 from accel.train.checkpoint import Batches
 
@@ -32,7 +32,7 @@ class Parts:
     amp_dtype: torch.dtype | None
     epoch_length: int  # micro-batches per epoch
     batches: Any  # accel.train.checkpoint.Batches: the train loader, as the trainer reads it
-    amp: Any = None  # accel.amp_probe.AmpDecision: what train.amp resolved to, and how
+    amp: Any = None  # accel.train.amp_probe.AmpDecision: what train.amp resolved to, and how
     budget: Any = None  # accel.train.budget.Budget: a run with train.budget_s
     history: list[dict[str, float]] = field(default_factory=list)
     best_state: dict[str, torch.Tensor] | None = None  # the best epoch's weights, this process
@@ -82,24 +82,19 @@ def build(cfg: Config, replay: Replay | None = None) -> Parts:
     amp_dtype = amp.dtype
     notes = [amp.line()] if amp.how == "measured" else []  # cached: logged, not said again
     epoch_length = t.epoch_length or len(data.train)
-    few = None if t.epoch_length else few_updates(data.train, t.accumulation_steps, epoch_length)
-    if few and few not in _said:  # train.epoch_length set: the user chose the epoch's size
-        _said.add(few)  # once per process: a study's trials would repeat it
-        notes.append(few)
+    notes += _once(None if t.epoch_length else few_updates(data.train, t.accumulation_steps,
+                                                           epoch_length))
     optimizer = engine.build_optimizer(model, t)
     averaged = engine.moving_average(bare, t.ema_decay) if t.ema_decay else None
-    revisions = replay.revisions if replay else None
+    revisions = replay.revisions if replay else None  # a logged plan: replayed
     scheduler = build_scheduler(optimizer, t, epoch_length, revisions=revisions,
-                                replay=revisions is not None)
+                                replay=bool(revisions))
     budget = Budget(scheduler.lr_lambdas[0]) if t.budget_s else None
     held, after_update = _after_update(t, bare, averaged, budget)
     trained = ranks.wrap(model, device)  # several ranks: DistributedDataParallel
     non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
     step = engine.UpdateStep(
-        trained,
-        optimizer,
-        torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing),
-        device,
+        trained, optimizer, torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing), device,
         accumulation_steps=t.accumulation_steps,
         amp_dtype=amp_dtype,
         scaler=engine.build_scaler(amp_dtype, device),
@@ -125,7 +120,7 @@ def build(cfg: Config, replay: Replay | None = None) -> Parts:
 
 def precision(cfg: Config, device: torch.device, bare: torch.nn.Module, data,
               replay: Replay | None) -> amp_probe.AmpDecision:
-    """train.amp resolved (auto: measured on a CPU, accel.amp_probe), the bf16 conv guard put
+    """train.amp resolved (auto: measured on a CPU, accel.train.amp_probe), the bf16 conv guard put
     on where a CPU trains in bf16."""
     shape = (cfg.train.batch_size, data.in_chans, data.img_size, data.img_size)
     replayed = replay.amp if replay else None
@@ -165,6 +160,15 @@ def _after_update(t, bare: torch.nn.Module, averaged, budget: Budget | None):
 
 FEW_UPDATES = 10  # updates per epoch under which a run says so
 _said: set[str] = set()
+
+
+def _once(notice: str | None) -> list[str]:
+    """[notice] the first time this process sees it (a study's trials would repeat it); None
+    (train.epoch_length set: the user chose the epoch's size) is nothing to say."""
+    if notice is None or notice in _said:
+        return []
+    _said.add(notice)
+    return [notice]
 
 
 def few_updates(loader, accumulation_steps: int, epoch_length: int) -> str | None:
