@@ -172,3 +172,48 @@ def test_postgres_restarted_under_a_worker_costs_no_traceback_and_no_trial(tmp_p
     assert all(t.number in retried for t in trials if t.state.name == "FAIL")
     assert sorted(runs) == [t.number for t in trials if t.state.name != "WAITING"]
     assert all(len(r) == 1 and r[0].info.status != "RUNNING" for r in runs.values())
+
+
+def test_a_tracking_server_away_past_the_window_ends_the_invocation_and_loses_nothing(
+        tmp_path):
+    """The server stopped inside a trial and not back within $ACCEL_OUTAGE_S: the invocation
+    ends with exit 1 and one line naming the server; the trial is FAIL and queued again. Once the
+    server is back, `accel best` closes the run the trial left RUNNING, and the next
+    invocation carries the queued trial on."""
+    server = MlflowServer(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    server.start()
+    storage = str(tmp_path / "optuna.journal")
+    args = ("--storage", storage, "--tracking-uri", server.url)
+    try:
+        proc = start_study(tmp_path, "--n-trials", "1", *args, env={"ACCEL_OUTAGE_S": "5"})
+        wait_for_an_epoch(server.url, proc)
+        server.stop()
+        code, out = ended(proc)
+        assert code == 1, out[-3000:]
+        last = out.strip().splitlines()[-1]
+        assert last.startswith(f"accel: error: the MLflow server at {server.url} did not "
+                               "answer for "), out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        import optuna
+
+        first, queued = optuna.load_study(study_name="outage", storage=_journal(storage)).trials
+        assert (first.state.name, queued.state.name) == ("FAIL", "WAITING")
+        assert queued.system_attrs["failed_trial"] == first.number
+
+        server.start()
+        best = subprocess.run([sys.executable, "-m", "accel", "best", "--study", "outage",
+                               *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert "closed the MLflow runs left RUNNING (or never made) of finished trial(s) 0" in \
+            best.stderr, \
+            best.stderr[-3000:]
+        trials, runs = the_record(server.url, _journal(storage))
+        assert runs[0][0].info.status == "FAILED"
+        again = start_study(tmp_path, "--n-trials", "1", *args)
+        code, out = ended(again)
+        assert code == 0, out[-3000:]
+        trials, runs = the_record(server.url, _journal(storage))
+    finally:
+        server.stop()
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+    assert "trial 1 retries trial 0: carries on after epoch" in out, out[-3000:]
+    assert all(len(r) == 1 and r[0].info.status != "RUNNING" for r in runs.values())

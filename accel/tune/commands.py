@@ -25,7 +25,7 @@ from accel.tune.study import (
     check_study_name,
     prepare,
 )
-from accel.tune.workers import clean_up, run_workers
+from accel.tune.workers import clean_up, fail_stale, queue_unexplained, run_workers
 from accel.uris import DEFAULT_URI, redact, resolve_uri
 from accel.verify.runs import verified_lines
 
@@ -166,7 +166,8 @@ def _run_node(study, job: TuneJob, n_trials: int) -> int:
     tracker = tracker_for(job.tracking_uri)
     with NodeLease(study, job.invocation):
         try:
-            orphans = clean_up(study, tracker, None) if is_journal(job.storage) else 0
+            orphans = (clean_up(study, tracker, None) if is_journal(job.storage)
+                       else fail_stale(study))
             _close_left_running(study, tracker)
             progress(_start_line(study, job, n_trials, orphans))
             return run_workers(job, n_trials, study, tracker) if n_trials else 0
@@ -176,10 +177,14 @@ def _run_node(study, job: TuneJob, n_trials: int) -> int:
 
 
 def _close_left_running(study, tracker) -> None:
-    """Trial runs left RUNNING by a close that met the store away: closed now, said once."""
+    """What a dead or stopped process, or a store away, left: stopped trials not yet queued
+    again are queued, trial runs left RUNNING (or never made) are closed; said once."""
+    queued = queue_unexplained(study)
+    if queued:
+        note(f"queued again the stopped trial(s) {', '.join(map(str, queued))}")
     closed = st.close_left_running(tracker, study)
     if closed:
-        note(f"closed the MLflow runs left RUNNING of finished trial(s) "
+        note(f"closed the MLflow runs left RUNNING (or never made) of finished trial(s) "
              f"{', '.join(map(str, closed))}")
 
 

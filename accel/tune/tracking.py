@@ -133,23 +133,32 @@ def close_dead_trial(tracker, study, trial, message: str, *, interrupted: bool) 
 
 
 def close_left_running(tracker, study) -> list[int]:
-    """Close the trial runs left RUNNING after their trial finished: the close was tried while
-    the store was away (every invocation and `accel best` look again). Returns the trials."""
+    """Close the trial runs left RUNNING after their trial finished, and give a failed trial
+    that has no run one: its close was tried while the store was away, or its process died
+    between Optuna failing it and its run being made (every invocation and `accel best` look
+    again). Returns the trials."""
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    closed = []
-    for run in search_runs(tracker, study.study_name,
-                           "tags.`accel.role` = 'trial' AND attributes.status = 'RUNNING'"):
+    closed, with_run = [], set()
+    for run in search_runs(tracker, study.study_name, "tags.`accel.role` = 'trial'"):
         number = run.data.tags.get("optuna.trial_number", "")
         trial = trials.get(int(number)) if number.isdigit() else None
-        if trial is None or not trial.state.is_finished():
-            continue  # still running (another worker's), or not this study's trial
+        with_run.add(trial.number if trial else None)
+        if run.info.status != "RUNNING" or trial is None or not trial.state.is_finished():
+            continue  # closed, still running (another worker's), or not this study's trial
         error = None if trial.state.name == "COMPLETE" else trial.user_attrs.get(ATTR_ERROR) or (
             "its run was left RUNNING when the trial ended (the store was away); closed later")
         close_trial_run(tracker, study.study_name, trial.number, trial.state.name, error,
                         run_id=run.info.run_id,
                         interrupted=bool(trial.user_attrs.get(ATTR_STOPPED)))
         closed.append(trial.number)
-    return closed
+    for trial in trials.values():
+        if (trial.state.name == "FAIL" and trial.number not in with_run
+                and ATTR_RUN not in trial.user_attrs and ATTR_COPIED not in trial.user_attrs):
+            close_dead_trial(tracker, study, trial, trial.user_attrs.get(ATTR_ERROR) or
+                             "its process ended before its run was made",
+                             interrupted=bool(trial.user_attrs.get(ATTR_STOPPED)))
+            closed.append(trial.number)
+    return sorted(closed)
 
 
 # --- what the study's parent run shows ---------------------------------------------------------

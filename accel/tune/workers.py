@@ -292,6 +292,20 @@ def clean_up(study, tracker, invocation: str | None) -> int:
     return closed
 
 
+def fail_stale(study) -> int:
+    """Database storages: fail the trials whose workers stopped sending heartbeats and queue
+    them again (the storage's callback closes their runs). Optuna does so when a worker starts
+    a trial; an invocation does it at its start too, so that one with no trial to run still
+    closes what dead workers left. Returns how many."""
+    import optuna
+
+    before = {t.number for t in _running(study)}
+    with warnings.catch_warnings():  # "experimental" in Optuna 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    return len(before - {t.number for t in _running(study)})
+
+
 def _running(study) -> list:
     from optuna.trial import TrialState
 
@@ -312,6 +326,28 @@ def _fail_and_retry(study, tracker, trial, message: str, *, interrupted: bool = 
     if queued:
         message += "; the trial is queued again" if "queued again" not in message else ""
     _close_run(tracker, study, trial, message, interrupted=interrupted)
+    return queued
+
+
+def queue_unexplained(study, settle_s: float = 5.0) -> list[int]:
+    """Queue again the FAIL trials that nothing queued and that failed through no error of
+    their own: stopped (Ctrl-C, SIGTERM), or ended without a word (a process killed between
+    Optuna failing the trial and queuing it; a store away at that moment). A trial failed less
+    than `settle_s` ago is left to whoever failed it. Within the retry limit. Returns them."""
+    import datetime
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    now, queued = datetime.datetime.now(), []
+    for t in trials:
+        if t.state.name != "FAIL" or t.number in retried or st.ATTR_COPIED in t.user_attrs:
+            continue
+        if st.ATTR_ERROR in t.user_attrs and not t.user_attrs.get(st.ATTR_STOPPED):
+            continue  # its own error: a retry would meet it again
+        if t.datetime_complete and (now - t.datetime_complete).total_seconds() < settle_s:
+            continue
+        if _queue_again(study, t):
+            queued.append(t.number)
     return queued
 
 

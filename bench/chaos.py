@@ -1,0 +1,272 @@
+"""Faults at random under a running study, then a calm invocation, then what was lost.
+
+    python bench/chaos.py --seconds 300 --seed 0
+
+A study of short trials runs as `accel tune --workers 2` against its own PostgreSQL (a cluster in
+a scratch folder, on its own port: bench/local_services.py) and its own `mlflow server` backed by
+it. For `--seconds`, faults of every kind land at seeded random times, each kind at least twice:
+a worker process SIGKILLed; the whole invocation SIGKILLed (and started again); the invocation
+SIGTERMed (a preemption, a time limit; started again); the MLflow server restarted; PostgreSQL
+restarted (fast shutdown: connections ended). An invocation that ends is started again. Then a
+calm invocation runs what is queued, and `accel best` answers.
+
+It prints the figures: faults by kind, every invocation's exit code, the trials by state,
+retried, lost (a FAIL trial neither retried nor past its retry limit), runs left RUNNING, runs
+per trial, the parent run's status. Exit 0 when nothing was lost, nothing is RUNNING, every
+trial has exactly one run and the parent is FINISHED; else 1. Everything it starts is stopped
+and its scratch removed, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from accel.uris import with_driver  # noqa: E402
+from bench.local_services import LocalPostgres, MlflowServer  # noqa: E402
+
+KINDS = ("worker SIGKILL", "invocation SIGKILL", "invocation SIGTERM", "MLflow server restart",
+         "PostgreSQL restart")
+STUDY = "chaos"
+CONFIG = {
+    "name": STUDY,
+    "data": {"dataset": "digits", "num_workers": 0},
+    "model": {"name": "test_resnet", "img_size": 16},
+    "train": {"epochs": 4, "epoch_length": 8, "batch_size": 16, "device": "cpu", "amp": "off"},
+    "search": {"pruner": "none", "space": {
+        "train.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}}},
+}
+# Dead trials are found within seconds: heartbeats every 2 s, stale after 8 s.
+ENV = {"ACCEL_HEARTBEAT_S": "2", "ACCEL_GRACE_S": "8"}
+
+
+def plan(seconds: float, seed: int, per_kind: int = 2, extra: int = 7) -> list[tuple[float, str]]:
+    """(time, kind) of each fault: every kind `per_kind` times and `extra` more at random, at
+    seeded random times over the middle of the run (not in its first or last tenth)."""
+    rng = random.Random(seed)
+    kinds = [k for k in KINDS for _ in range(per_kind)] + rng.choices(KINDS, k=extra)
+    rng.shuffle(kinds)
+    times = sorted(rng.uniform(0.1, 0.9) * seconds for _ in kinds)
+    return list(zip(times, kinds, strict=True))
+
+
+class Chaos:
+    """The study's stores and its invocations, and the faults done to them."""
+
+    def __init__(self, scratch: Path, seed: int):
+        self.scratch, self.rng = scratch, random.Random(seed + 1)
+        self.pg = LocalPostgres()
+        self.pg.start()
+        self.storage = self.pg.create_database("optuna")
+        self.server = MlflowServer(scratch, with_driver(self.pg.create_database("mlflow")))
+        self.server.start()
+        self.config = scratch / "chaos.yaml"
+        self.config.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+        self.proc: subprocess.Popen | None = None
+        # (how the invocation was ended, its exit code, its last line where the code is not 0)
+        self.exits: list[tuple[str, int, str]] = []
+        self.faults: Counter = Counter()
+
+    def tune(self, *args: str) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ACCEL_"))}
+        log = (self.scratch / f"tune-{len(self.exits)}.log").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "accel", "tune", str(self.config), "--study", STUDY,
+             "--storage", self.storage, "--tracking-uri", self.server.url, *args],
+            cwd=ROOT, env={**env, **ENV}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        proc.log = Path(log.name)
+        return proc
+
+    def _ended(self, how: str, proc: subprocess.Popen) -> None:
+        lines = proc.log.read_text(errors="replace").strip().splitlines()
+        last = lines[-1][:160] if lines and proc.returncode not in (0, 143) else ""
+        self.exits.append((how, proc.returncode, last))
+
+    def keep_running(self) -> None:
+        """An invocation of 4 trials on 2 workers is always running; one that ended is noted."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self._ended("ended", self.proc)
+            self.proc = None
+        if self.proc is None:
+            self.proc = self.tune("--n-trials", "4", "--workers", "2")
+
+    def inject(self, kind: str) -> None:
+        self.faults[kind] += 1
+        if kind == "worker SIGKILL":
+            deadline = time.time() + 60  # an invocation setting up has no worker yet
+            while not (workers := self._workers()) and time.time() < deadline:
+                self.keep_running()
+                time.sleep(0.5)
+            if not workers:
+                self.faults[kind] -= 1  # not injected: not counted
+                return
+            os.kill(self.rng.choice(workers), signal.SIGKILL)
+        elif kind.startswith("invocation"):
+            sig = signal.SIGKILL if kind.endswith("SIGKILL") else signal.SIGTERM
+            self._end(sig, kind.split()[-1])
+        elif kind == "MLflow server restart":
+            self.server.stop()
+            time.sleep(self.rng.uniform(1, 8))
+            self.server.start()
+        else:
+            self.pg.stop("fast")
+            time.sleep(self.rng.uniform(1, 8))
+            self.pg.start()
+
+    def _workers(self) -> list[int]:
+        import psutil
+
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        children = psutil.Process(self.proc.pid).children(recursive=True)
+        return [c.pid for c in children if "spawn_main" in " ".join(c.cmdline())]
+
+    def _end(self, sig: int, how: str, wait_s: float = 120) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            how += " (then SIGKILL)"
+        self._ended(how, self.proc)
+        self.proc = None
+
+    def calm(self, wait_s: float = 900) -> None:
+        """The running invocation ends on its own; then one runs what is queued; `accel best`."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=wait_s)
+                self._ended("ended", self.proc)
+            except subprocess.TimeoutExpired:
+                self._end(signal.SIGTERM, "SIGTERM after the faults")
+            self.proc = None
+        # Past the grace period every dead worker's trial is stale: an invocation with no trial
+        # to run fails and queues them again; then one runs all that is queued.
+        time.sleep(float(ENV["ACCEL_GRACE_S"]) + 2)
+        proc = self.tune("--n-trials", "0")
+        proc.wait(timeout=wait_s)
+        self._ended("calm, stale trials closed", proc)
+        waiting = sum(t.state.name == "WAITING" for t in self.trials())
+        proc = self.tune("--n-trials", str(waiting), "--workers", "2")
+        proc.wait(timeout=wait_s)
+        self._ended(f"calm, {waiting} queued", proc)
+        best = subprocess.run([sys.executable, "-m", "accel", "best", "--study", STUDY,
+                               "--storage", self.storage, "--tracking-uri", self.server.url],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        self.exits.append(("accel best", best.returncode, best.stderr.strip()[-160:]))
+
+    def trials(self) -> list:
+        import optuna
+
+        from accel.tune import open_storage
+
+        return optuna.load_study(study_name=STUDY, storage=open_storage(self.storage)).trials
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.server.stop()
+        self.pg.close()
+
+
+def figures(chaos: Chaos) -> dict:
+    """What the study and MLflow hold after the chaos."""
+    from mlflow.tracking import MlflowClient
+    from optuna.storages import RetryFailedTrialCallback
+
+    from accel.tune.storage import MAX_RETRY
+
+    trials = chaos.trials()
+    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    lost = [(t.number, t.user_attrs.get("accel.error", "no error recorded")) for t in trials
+            if t.state.name == "FAIL" and t.number not in retried
+            and len(RetryFailedTrialCallback.retry_history(t)) < MAX_RETRY]
+    client = MlflowClient(chaos.server.url)
+    exp = client.get_experiment_by_name(STUDY)
+    runs = client.search_runs([exp.experiment_id], max_results=5000)
+    per_trial = Counter(r.data.tags.get("optuna.trial_number") for r in runs
+                        if r.data.tags.get("accel.role") == "trial")
+    parents = [r for r in runs if r.data.tags.get("accel.role") == "study"]
+    return {
+        "trials": Counter(t.state.name for t in trials), "retried": len(retried - {None}),
+        "lost": lost, "running": [r.info.run_name for r in runs if r.info.status == "RUNNING"],
+        "runs per trial": Counter(per_trial.get(str(t.number), 0) for t in trials
+                                  if t.state.name != "WAITING"),
+        "parent": [p.info.status for p in parents],
+    }
+
+
+def report(chaos: Chaos, found: dict, seconds: float, seed: int, took: float) -> bool:
+    ok = (not found["lost"] and not found["running"] and set(found["runs per trial"]) == {1}
+          and found["parent"] == ["FINISHED"])
+    print(f"## chaos: seed {seed}, {seconds:.0f} s of faults, {took:.0f} s in all")
+    print("| figure | value |\n| --- | --- |")
+    print(f"| faults | {sum(chaos.faults.values())}: "
+          + ", ".join(f"{chaos.faults[k]} {k}" for k in KINDS) + " |")
+    print("| invocations (how ended: exit code) | "
+          + ", ".join(f"{how}: {code}" for how, code, _ in chaos.exits) + " |")
+    print(f"| trials | {sum(found['trials'].values())}: "
+          + ", ".join(f"{n} {s}" for s, n in sorted(found["trials"].items())) + " |")
+    print(f"| retried (queued again) | {found['retried']} |")
+    print(f"| lost (FAIL, not retried, under the retry limit) | {len(found['lost'])} "
+          f"{[n for n, _ in found['lost']] or ''} |")
+    print(f"| runs RUNNING | {len(found['running'])} {found['running'] or ''} |")
+    print("| runs per trial | " + ", ".join(f"{n} trial(s) with {k}" for k, n in
+                                           sorted(found["runs per trial"].items())) + " |")
+    print(f"| parent run | {', '.join(found['parent'])} |")
+    print(f"verdict: {'nothing lost' if ok else 'LOST OR LEFT RUNNING'}")
+    for number, error in found["lost"]:
+        print(f"  lost trial {number}: {error}")
+    for i, (how, code, last) in enumerate(chaos.exits):
+        if last:
+            print(f"  invocation {i} ({how}, exit {code}): {last}")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="accel-chaos-") as tmp:
+        chaos = Chaos(Path(tmp), args.seed)
+        try:
+            began = time.time()
+            for at, kind in plan(args.seconds, args.seed):
+                while time.time() - began < at:
+                    chaos.keep_running()
+                    time.sleep(0.5)
+                print(f"[{time.time() - began:5.0f} s] {kind}", flush=True)
+                chaos.keep_running()
+                chaos.inject(kind)
+            while time.time() - began < args.seconds:
+                chaos.keep_running()
+                time.sleep(0.5)
+            chaos.calm()
+            ok = report(chaos, figures(chaos), args.seconds, args.seed, time.time() - start)
+        finally:
+            chaos.close()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
