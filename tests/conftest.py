@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -17,6 +18,9 @@ SHARED_DATA = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 # `accel` it starts, uses one OpenMP thread (two spinning threads each would fight for the cores).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# train.amp=auto's answers (accel.train.amp_probe) go to a cache of the suite's own: a probe timed
+# while the suite loads the machine must not decide the user's runs.
+os.environ.setdefault("ACCEL_CACHE_DIR", str(Path(tempfile.gettempdir()) / "accel-test-cache"))
 
 
 def new_store(folder: Path) -> str:
