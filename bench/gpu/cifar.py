@@ -29,15 +29,41 @@ def split(root: Path, name: str, limit: int | None = None) -> tuple[torch.Tensor
     return images, labels, classes
 
 
-def _decode(folder: Path, limit: int | None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    import numpy as np
-    from PIL import Image
-
+def selected(folder: Path, limit: int | None) -> tuple[list[tuple[Path, int]], list[str]]:
+    """The split's (file, label) pairs: all, or the first `limit` of a seeded shuffle."""
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
     files = [(f, i) for i, c in enumerate(classes) for f in sorted((folder / c).glob("*.jpg"))]
     if limit is not None and limit < len(files):
         keep = torch.randperm(len(files), generator=torch.Generator().manual_seed(0))[:limit]
         files = [files[i] for i in keep.tolist()]
+    return files, classes
+
+
+def peer_tree(root: Path, limit: int | None = None) -> Path:
+    """An ImageFolder tree beside `root` for accel to train as airbench does: train/ the same
+    images as `split(root, "train", limit)` (links), val/ and test/ the test images (accel
+    needs a val split to hold none of the training images out)."""
+    tree = root.parent / f"{root.name}-peer{f'-{limit}' if limit else ''}"
+    if (tree / "test").exists():
+        return tree
+    tmp = tree.with_name(tree.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for name in ("val", "test"):
+        (tmp / name).symlink_to(root / "test", target_is_directory=True)
+    files, classes = selected(root / "train", limit)
+    for c in classes:
+        (tmp / "train" / c).mkdir(parents=True, exist_ok=True)
+    for f, label in files:
+        (tmp / "train" / classes[label] / f.name).symlink_to(f)
+    tmp.rename(tree)
+    return tree
+
+
+def _decode(folder: Path, limit: int | None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    import numpy as np
+    from PIL import Image
+
+    files, classes = selected(folder, limit)
     pixels = np.stack([np.asarray(Image.open(f).convert("RGB")) for f, _ in files])
     return (torch.from_numpy(pixels), torch.tensor([i for _, i in files], dtype=torch.int64),
             classes)

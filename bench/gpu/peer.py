@@ -148,6 +148,7 @@ DIFFERENCES = (
     "weight decay: accel decays no norm or bias; airbench decays its BatchNorm biases (at the "
     "same absolute rate as the weights) and its whitening bias",
     "whitening bias: accel trains it at 64x the lr with the BatchNorm biases; airbench at 1x",
+    "BatchNorm eps: accel's layers keep PyTorch's 1e-5; airbench's are 1e-12",
     "precision: airbench's network is fp16 (weights too) on a GPU; on the CPU both sides run "
     "fp32 (or bf16 autocast with fp32 weights)",
 )

@@ -1,0 +1,111 @@
+"""Fidelity with airbench94 at equal epochs, on the CPU: airbench94's own training (PyPI
+`airbench==0.1.8`, moved to the CPU by bench/gpu/peer.py: fp32, or bf16 autocast where its fp16
+cannot run) against accel's fast recipe set to airbench's hyperparameters
+(`bench.gpu.peer.AIRBENCH_OVERRIDES`: batch 1024, lr, momentum, decay, triangle, label
+smoothing, BatchNorm, whitening bias held after 3 epochs), on the same JPEG CIFAR-10 (all 50,000
+training images, scored on the 10,000 test images, both with multi-crop TTA), seed by seed.
+
+Per seed: each side's test accuracy and training seconds; then the mean difference accel -
+airbench94 with its paired 95% bootstrap interval (accel.verify.stats). What stays different
+between the two is listed in bench/gpu/peer.py and printed with the table.
+
+    make gpu-wheels                                  # builds the airbench wheel into .gpu/wheels
+    python bench/peer_airbench.py --seeds 3          # the full comparison: about an hour on an
+                                                     # idle 2-core machine
+    python bench/peer_airbench.py --seeds 2 --epochs 1 --train-limit 2048
+                                                     # a rehearsal (minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+RECIPE = ROOT / "experiments" / "cifar10_fast.yaml"
+
+
+def accel_run(root: Path, seed: int, amp: str, epochs: int, train_limit: int | None) -> dict:
+    """accel's recipe at airbench's hyperparameters on the training images airbench gets (all,
+    or the same `train_limit`), none held out (bench.gpu.cifar.peer_tree), untracked."""
+    from accel import config
+    from accel.train import train
+    from bench.gpu.cifar import peer_tree
+    from bench.gpu.peer import accel_overrides
+
+    cfg = config.load(RECIPE, [*accel_overrides(), f"data.root={peer_tree(root, train_limit)}",
+                               "train.device=cpu", f"train.amp={amp}", "data.val_fraction=0",
+                               "train.target={}", f"train.epochs={epochs}", f"train.seed={seed}"])
+    result = train(cfg, track=False)
+    return {"test_acc": result.metrics["test_accuracy"],
+            "seconds": result.costs["train_time_s"]}
+
+
+def airbench_run(data: Path, seed: int, amp: str, epochs: float) -> dict:
+    from bench.gpu import peer
+
+    return peer.train_on(data, "cpu", seed=seed, amp=amp, epochs=epochs)
+
+
+def report(rows: list[dict], args) -> None:
+    from accel.verify.stats import paired_difference
+    from bench.gpu import peer
+
+    print(f"\nairbench94 ({args.airbench_epochs} epochs) and accel ({args.epochs} epochs), "
+          f"{args.amp}, CPU, JPEG CIFAR-10\n")
+    print("| seed | airbench94 test | accel test | accel - airbench94 | airbench94 s | accel s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['seed']} | {r['air']['test_acc']:.4f} | {r['accel']['test_acc']:.4f} | "
+              f"{r['accel']['test_acc'] - r['air']['test_acc']:+.4f} | "
+              f"{r['air']['seconds']:.0f} | {r['accel']['seconds']:.0f} |")
+    a = [r["air"]["test_acc"] for r in rows]
+    b = [r["accel"]["test_acc"] for r in rows]
+    print(f"\nmean: airbench94 {statistics.mean(a):.4f}, accel {statistics.mean(b):.4f}")
+    if len(rows) >= 2:
+        d = paired_difference(b, a)
+        print(f"accel - airbench94: {d.mean:+.4f} (paired 95% interval {d.low:+.4f} .. "
+              f"{d.high:+.4f}, {len(rows)} seeds)")
+    else:
+        print("accel - airbench94: one seed, no interval (use --seeds 3)")
+    print("\nWhat stays different:")
+    for line in peer.DIFFERENCES:
+        print(f"- {line}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--amp", choices=("off", "bf16"), default="off",
+                    help="off: fp32; bf16: autocast on both sides")
+    ap.add_argument("--epochs", type=int, default=10, help="accel's epochs (whole numbers)")
+    ap.add_argument("--airbench-epochs", type=float, default=None,
+                    help="airbench's (default: its own 9.9; with --epochs set lower, that)")
+    ap.add_argument("--train-limit", type=int, default=None, help="training images (all)")
+    args = ap.parse_args(argv)
+    if args.airbench_epochs is None:
+        args.airbench_epochs = 9.9 if args.epochs == 10 else float(args.epochs)
+    from accel.shared_data import cifar10_jpeg
+    from bench.gpu.cifar import write_airbench
+
+    root = cifar10_jpeg()
+    data = write_airbench(root, root.parent / "airbench" / "cifar10", args.train_limit)
+    rows = []
+    for seed in range(args.seeds):
+        began = time.perf_counter()
+        air = airbench_run(data, seed, args.amp, args.airbench_epochs)
+        ours = accel_run(root, seed, args.amp, args.epochs, args.train_limit)
+        rows.append({"seed": seed, "air": air, "accel": ours})
+        print(f"seed {seed}: airbench94 {air['test_acc']:.4f}, accel {ours['test_acc']:.4f} "
+              f"({time.perf_counter() - began:.0f} s)", file=sys.stderr, flush=True)
+    report(rows, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
