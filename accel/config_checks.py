@@ -116,16 +116,20 @@ def check(cfg: Any) -> None:
         ("train.scheduler", t.scheduler, SCHEDULERS), ("train.device", t.device, DEVICES),
         ("search.metric", s.metric, METRICS), ("search.direction", s.direction, DIRECTIONS),
         ("search.sampler", s.sampler, SAMPLERS), ("search.pruner", s.pruner, PRUNERS),
-        ("eval.tta", cfg.eval.tta, TTA_MODES), ("data.flip", d.flip, FLIPS),
-        ("data.padding", d.padding, PADDINGS),
+        ("eval.tta", cfg.eval.tta, TTA_MODES), ("train.compile", _compile_mode(t), COMPILE_MODES),
+        ("data.flip", d.flip, FLIPS), ("data.padding", d.padding, PADDINGS),
     ):
         _choice(key, value, choices)
     _check_objectives(s)
     _check_target(t)
 
 
+def _compile_mode(t: Any) -> Any:
+    """train.compile with the switch it once was read as a mode: true = default, false = off."""
     t.compile = _COMPILE_WORDS.get(str(t.compile).strip().lower(), t.compile)
-    _choice("train.compile", t.compile, COMPILE_MODES)
+    return t.compile
+
+
 def _check_budget(t: Any) -> None:
     if t.budget_s is None:
         return
