@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -245,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--logs", type=Path, help="a folder to keep the invocations' output in")
     args = parser.parse_args(argv)
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="accel-chaos-") as tmp:
@@ -265,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             ok = report(chaos, figures(chaos), args.seconds, args.seed, time.time() - start)
         finally:
             chaos.close()
+            if args.logs:
+                args.logs.mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp).glob("*.log"):
+                    shutil.copy(log, args.logs / log.name)
     return 0 if ok else 1
 
 

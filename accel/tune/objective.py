@@ -123,10 +123,13 @@ class Objective:
 
             message = (f"stopped by {signals.stopped_by()}: queued again, to carry on from its "
                        f"checkpoint (up to {MAX_RETRY} retries)")
-        if message:
-            trial.set_user_attr(st.ATTR_ERROR, message[:st.MAX_TAG_CHARS])
-        if interrupted:  # queued again once it is FAIL; a later close of its run says KILLED
-            trial.set_user_attr(st.ATTR_STOPPED, True)
+        try:  # never hide the trial's own outcome (a stop, an error) behind a store's error
+            if message:
+                trial.set_user_attr(st.ATTR_ERROR, message[:st.MAX_TAG_CHARS])
+            if interrupted:  # queued again once it is FAIL; a later close of its run: KILLED
+                trial.set_user_attr(st.ATTR_STOPPED, True)
+        except Exception as e:  # the next invocation queues and closes what is missing
+            warn(f"trial {trial.number}: could not record how it ended: {one_line(e)}")
         try:
             run_id = st.close_trial_run(self.tracker, self.job.study, trial.number, state,
                                         message, run_id=run_id, interrupted=interrupted,

@@ -118,12 +118,15 @@ def _queue_stopped(study, number: int | None) -> None:
 
     if number is None:
         return
-    trials = study.get_trials(deepcopy=False)
-    trial = next((t for t in trials if t.number == number), None)
-    if trial is None or trial.state != TrialState.FAIL or any(
-            t.system_attrs.get("failed_trial") == number for t in trials):
-        return  # not ended by the stop (RUNNING: the clean-up closes it), or queued already
-    _queue_again(study, trial)
+    try:
+        trials = study.get_trials(deepcopy=False)
+        trial = next((t for t in trials if t.number == number), None)
+        if trial is None or trial.state != TrialState.FAIL or any(
+                t.system_attrs.get("failed_trial") == number for t in trials):
+            return  # not ended by the stop (RUNNING: the clean-up closes it), or queued already
+        _queue_again(study, trial)
+    except Exception as e:  # the store is away: the next invocation queues it (reconcile)
+        warn(f"trial {number} could not be queued again now: {one_line(e)}")
 
 
 def describe_trial(study, trial, metric: str) -> str:
