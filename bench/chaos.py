@@ -196,7 +196,7 @@ def figures(chaos: Chaos) -> dict:
     from accel.tune.storage import MAX_RETRY
 
     trials = chaos.trials()
-    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
     lost = [(t.number, t.user_attrs.get("accel.error", "no error recorded")) for t in trials
             if t.state.name == "FAIL" and t.number not in retried
             and len(RetryFailedTrialCallback.retry_history(t)) < MAX_RETRY]
@@ -207,7 +207,7 @@ def figures(chaos: Chaos) -> dict:
                         if r.data.tags.get("accel.role") == "trial")
     parents = [r for r in runs if r.data.tags.get("accel.role") == "study"]
     return {
-        "trials": Counter(t.state.name for t in trials), "retried": len(retried - {None}),
+        "trials": Counter(t.state.name for t in trials), "retried": len(retried),
         "lost": lost, "running": [r.info.run_name for r in runs if r.info.status == "RUNNING"],
         "runs per trial": Counter(per_trial.get(str(t.number), 0) for t in trials
                                   if t.state.name != "WAITING"),

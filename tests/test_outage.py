@@ -127,3 +127,38 @@ def test_a_riding_object_waits_on_each_of_its_methods():
     riding = outage.Riding(Client(), key="uri", store="the MLflow store uri")
     assert riding.log_batch("r1", key="k") == ("answer", "r1", "k")
     assert riding.name == "client"
+
+
+def test_a_stopped_trial_left_unqueued_is_queued_once_also_when_it_was_a_retry():
+    """What a dead invocation left: a stopped retry (whose `failed_trial` names the first
+    attempt, as Optuna's retry keeps it) is queued again once, however often an invocation
+    looks; a trial that failed of its own error is not; the retry limit holds."""
+    import optuna
+    from optuna.storages import RetryFailedTrialCallback
+    from optuna.trial import TrialState
+
+    from accel.tune import tracking as st
+    from accel.tune.workers import _queue_again, queue_unexplained
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study()
+    stopped = {st.ATTR_ERROR: "stopped by SIGTERM", st.ATTR_STOPPED: True}
+
+    def fail(attrs: dict) -> optuna.trial.FrozenTrial:
+        trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, state=TrialState.FAIL)
+        return study.trials[trial.number]
+
+    first = fail(stopped)
+    assert _queue_again(study, first)  # trial 1, queued by the stop
+    retry = fail(stopped)  # trial 1 ran and was stopped too; its process died before queuing
+    assert retry.system_attrs["failed_trial"] == 0  # Optuna keeps the first attempt's number
+    fail({st.ATTR_ERROR: "RuntimeError: CUDA out of memory"})  # trial 2: its own error
+    fail({})  # trial 3: ended without a word (its process killed between FAIL and queuing)
+    assert queue_unexplained(study, settle_s=3600) == []  # too recent: left to whoever failed it
+    assert queue_unexplained(study, settle_s=0) == [1, 3]
+    assert queue_unexplained(study, settle_s=0) == []  # once
+    waiting = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert sorted(RetryFailedTrialCallback.retry_history(t)[-1] for t in waiting) == [1, 3]

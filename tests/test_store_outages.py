@@ -168,7 +168,7 @@ def test_postgres_restarted_under_a_worker_costs_no_traceback_and_no_trial(tmp_p
     trials, runs = the_record(store, open_storage(storage))
     states = [t.state.name for t in trials]
     assert "RUNNING" not in states and states.count("COMPLETE") >= 2, states
-    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
     assert all(t.number in retried for t in trials if t.state.name == "FAIL")
     assert sorted(runs) == [t.number for t in trials if t.state.name != "WAITING"]
     assert all(len(r) == 1 and r[0].info.status != "RUNNING" for r in runs.values())

@@ -132,6 +132,12 @@ def close_dead_trial(tracker, study, trial, message: str, *, interrupted: bool) 
                            open_run=open_run)
 
 
+def retried(trials) -> set[int]:
+    """The trials already queued again. Optuna's retry keeps the first attempt's number in
+    `failed_trial` (a retry of a retry too); `retry_history` lists every attempt retried."""
+    return {n for t in trials for n in t.system_attrs.get("retry_history", ())}
+
+
 def close_left_running(tracker, study) -> list[int]:
     """Close the trial runs left RUNNING after their trial finished, and give a failed trial
     that has no run one: its close was tried while the store was away, or its process died

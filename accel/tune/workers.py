@@ -121,8 +121,7 @@ def _queue_stopped(study, number: int | None) -> None:
     try:
         trials = study.get_trials(deepcopy=False)
         trial = next((t for t in trials if t.number == number), None)
-        if trial is None or trial.state != TrialState.FAIL or any(
-                t.system_attrs.get("failed_trial") == number for t in trials):
+        if trial is None or trial.state != TrialState.FAIL or number in st.retried(trials):
             return  # not ended by the stop (RUNNING: the clean-up closes it), or queued already
         _queue_again(study, trial)
     except Exception as e:  # the store is away: the next invocation queues it (reconcile)
@@ -340,7 +339,7 @@ def queue_unexplained(study, settle_s: float = 5.0) -> list[int]:
     import datetime
 
     trials = study.get_trials(deepcopy=False)
-    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    retried = st.retried(trials)
     now, queued = datetime.datetime.now(), []
     for t in trials:
         if t.state.name != "FAIL" or t.number in retried or st.ATTR_COPIED in t.user_attrs:
