@@ -70,10 +70,15 @@ class Chaos:
     def __init__(self, scratch: Path, seed: int):
         self.scratch, self.rng = scratch, random.Random(seed + 1)
         self.pg = LocalPostgres()
-        self.pg.start()
-        self.storage = self.pg.create_database("optuna")
-        self.server = MlflowServer(scratch, with_driver(self.pg.create_database("mlflow")))
-        self.server.start()
+        self.server = None
+        try:
+            self.pg.start()
+            self.storage = self.pg.create_database("optuna")
+            self.server = MlflowServer(scratch, with_driver(self.pg.create_database("mlflow")))
+            self.server.start()
+        except BaseException:
+            self.close()
+            raise
         self.config = scratch / "chaos.yaml"
         self.config.write_text(yaml.safe_dump(CONFIG, sort_keys=False))
         self.proc: subprocess.Popen | None = None
@@ -181,10 +186,11 @@ class Chaos:
         return optuna.load_study(study_name=STUDY, storage=open_storage(self.storage)).trials
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if getattr(self, "proc", None) is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        self.server.stop()
+        if self.server is not None:
+            self.server.stop()
         self.pg.close()
 
 
@@ -242,12 +248,17 @@ def report(chaos: Chaos, found: dict, seconds: float, seed: int, took: float) ->
     return ok
 
 
+def _stop(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--logs", type=Path, help="a folder to keep the invocations' output in")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)  # stopped from outside: still stop what it started
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="accel-chaos-") as tmp:
         chaos = Chaos(Path(tmp), args.seed)
