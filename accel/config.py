@@ -87,7 +87,8 @@ class TrainConfig:
     batch_size: int = 64  # images per micro-batch (one forward/backward)
     accumulation_steps: int = 1  # micro-batches per optimizer update
     # auto: bf16 on CUDA (fp16 + loss scaling on older GPUs); on a CPU the faster of bf16 and
-    # fp32 for this model and batch, by a probe of a few updates (cached, logged; accel.train.amp_probe)
+    # fp32 for this model and batch, by a probe of a few updates (cached, logged;
+    # accel.train.amp_probe)
     amp: str = "auto"
     optimizer: str = "adamw"
     lr: float = 1e-3
