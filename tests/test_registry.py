@@ -165,13 +165,12 @@ def test_bad_registered_names_are_refused_before_anything_is_logged(study, name,
 
 
 def test_accel_ui_lists_each_experiments_runs_page(study, monkeypatch, capsys):
-    import subprocess
-
+    from accel import foreground
     from accel.cli import main
 
     store = study[0]
     started = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd, env: started.append(cmd) or 0)
+    monkeypatch.setattr(foreground, "run_group", lambda cmd, env: started.append(cmd) or 0)
     assert main(["ui", "--tracking-uri", store, "--port", "5123"]) == 0
     experiment = client(store).get_experiment_by_name("s")
     assert (f"  s: http://127.0.0.1:5123/#/experiments/{experiment.experiment_id}/runs"
