@@ -129,7 +129,7 @@ def test_data_the_model_cannot_take_is_one_line(study, tiny_imagefolder):
                    f"data.root={tiny_imagefolder}", "--tracking-uri", store)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(
-        "accel: error: the model cannot take imagefolder images of shape (3, "), proc.stderr
+        "accel: error: the model takes images of 1 channel of "), proc.stderr
 
 
 def test_a_model_with_another_class_count_is_refused():

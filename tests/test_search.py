@@ -695,7 +695,7 @@ def test_ctrl_c_leaves_nothing_running_and_the_rerun_resumes(tmp_path):
     assert stores.tune(exp, "cc", "--n-trials", "3") == 130
     poller.join()
     study = stores.study("cc")
-    assert [t.state.name for t in study.trials] == ["FAIL"]
+    assert [t.state.name for t in study.trials] == ["FAIL", "WAITING"]  # stopped: queued again
     runs = stores.runs("cc")
     assert {r.info.status for r in runs} == {"KILLED"}, [(r.info.run_name, r.info.status)
                                                          for r in runs]

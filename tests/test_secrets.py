@@ -46,13 +46,13 @@ def ui_argv(cwd: Path, uri: str) -> list[str]:
             except OSError:
                 assert proc.poll() is None, "accel ui ended"
                 time.sleep(1)
-        argv = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
+        import psutil
+
+        argv = []  # its descendants: the server runs in a session (process group) of its own
+        for child in psutil.Process(proc.pid).children(recursive=True):
             try:
-                if int(pid) != proc.pid and os.getsid(int(pid)) == proc.pid:
-                    argv.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                                .decode())
-            except (OSError, ProcessLookupError):
+                argv.append(" ".join(child.cmdline()))
+            except psutil.Error:
                 continue
         return argv
     finally:

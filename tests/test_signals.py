@@ -107,8 +107,9 @@ def test_sigterm_ends_a_study_cleanly_and_the_rerun_resumes(tmp_path, workers):
     [parent] = [r for r in runs(store, "term") if r.data.tags.get("accel.role") == "study"]
     last = err.strip().splitlines()[-1]
     assert f"the study's parent run {parent.info.run_id}" in last, last
-    _, *again = shlex.split(last.split("carry the study on with: ", 1)[1])
-    assert again == [*tune, "--n-trials", "2", "--workers", workers]
+    command = last.split("carry the study on with: ", 1)[1].split(" (", 1)[0]
+    _, *again = shlex.split(command)
+    assert again == [*tune, "--workers", workers, "--n-trials", "2"]
     import optuna
 
     from accel.tune import open_storage

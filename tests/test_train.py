@@ -592,7 +592,7 @@ def test_frozen_batchnorm_weights_and_their_momentum_are_what_training_sees():
     cfg = config.load(None, ["data.dataset=digits", "model.name=accel_cnn_s",
                              "model.img_size=8", "train.device=cpu", "data.num_workers=0",
                              "train.bn_weight_frozen=true", "model.bn_momentum=0.4",
-                             "train.bn_bias_lr_scale=64"])
+                             "train.bn_bias_lr_scale=64", "train.amp=off"])
     parts = build(cfg)
     norms = [m for m in parts.bare.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert norms and {m.momentum for m in norms} == {0.4}

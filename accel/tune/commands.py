@@ -78,7 +78,8 @@ def _carry_on(study, job: TuneJob, n_trials: int) -> str:
             if t.user_attrs.get(st.ATTR_INVOCATION) == job.invocation]
     # Done: complete, pruned, or failed by its own error (a stopped trial carries none).
     done = sum(t.state.name in ("COMPLETE", "PRUNED")
-               or (t.state.name == "FAIL" and st.ATTR_ERROR in t.user_attrs) for t in mine)
+               or (t.state.name == "FAIL" and st.ATTR_ERROR in t.user_attrs
+                   and not t.user_attrs.get(st.ATTR_STOPPED)) for t in mine)
     left = max(n_trials - done, 0)
     argv = signals.command or [program(), "tune", "--study", job.study]
     command = shlex.join(_with_n_trials(argv, left))

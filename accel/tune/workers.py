@@ -286,11 +286,14 @@ def clean_up(study, tracker, invocation: str | None) -> int:
         _fail_and_retry(study, tracker, t, "interrupted", interrupted=True)
         closed += 1
     if invocation is not None:
-        for run in st.search_runs(tracker, study.study_name,
-                                  f"tags.`accel.invocation` = '{invocation}' AND "
-                                  "attributes.status = 'RUNNING'"):
-            retry_locked(tracker.set_tags, run.info.run_id, {"optuna.trial_state": "FAIL"})
-            retry_locked(tracker.end_run, run.info.run_id, "KILLED")
+        try:
+            for run in st.search_runs(tracker, study.study_name,
+                                      f"tags.`accel.invocation` = '{invocation}' AND "
+                                      "attributes.status = 'RUNNING'"):
+                retry_locked(tracker.set_tags, run.info.run_id, {"optuna.trial_state": "FAIL"})
+                retry_locked(tracker.end_run, run.info.run_id, "KILLED")
+        except Exception as e:  # the store away: the next invocation or `accel best` closes them
+            warn(f"could not close this invocation's runs: {one_line(e)}")
     return closed
 
 
