@@ -24,11 +24,15 @@ STEPS = ("setup", *plan.STEP_NAMES)
 SETUP_S = 35  # planned for setup on the GPU (bench/gpu/plan.py)
 
 
-def run_check(tmp_path: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
-    """The script as `make gpu-check` runs it, with every scratch path under tmp_path."""
+def run_check(tmp_path: Path, *args: str, timeout: int,
+              path: str | None = None) -> subprocess.CompletedProcess:
+    """The script as `make gpu-check` runs it, with every scratch path under tmp_path; `path`
+    goes on PYTHONPATH (an airbench wheel)."""
     (tmp_path / "tmp").mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -93,18 +97,20 @@ def test_bench_gpu_keeps_the_house_rules():
                 assert node.end_lineno - node.lineno + 1 <= 60, f"{path.name}: {node.name}"
 
 
-def _airbench_wheel() -> None:
+def _airbench_wheel(folder: Path) -> str | None:
     """The fast step runs airbench94 from its wheel, which `make gpu-wheels` builds from PyPI's
-    sdist; a fresh checkout builds it here (pure Python, seconds)."""
+    sdist into .gpu/; where a fresh checkout has none, it is built into `folder` (pure Python,
+    seconds) and imported from there (PYTHONPATH), leaving .gpu/ as `make gpu-wheels` left it."""
     if carry.airbench_wheel() is not None:
-        return
-    carry.WHEELS.mkdir(parents=True, exist_ok=True)
+        return None
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                             "--disable-pip-version-check", "--no-binary", carry.AIRBENCH[0],
-                            "-w", str(carry.WHEELS), "==".join(carry.AIRBENCH)],
+                            "-w", str(folder), "==".join(carry.AIRBENCH)],
                            capture_output=True, text=True, timeout=600)
-    if built.returncode != 0 or carry.airbench_wheel() is None:
+    wheel = carry.airbench_wheel(folder)
+    if built.returncode != 0 or wheel is None:
         pytest.fail(f"building the airbench wheel failed: {built.stderr[-2000:]}")
+    return str(wheel)
 
 
 @pytest.mark.skipif(not Path(carry.ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz")
@@ -114,9 +120,10 @@ def test_dry_run_runs_every_step_on_cpu_and_reports_real_numbers(tmp_path):
         return sorted(p.name for p in (ROOT / "mlruns").glob("*"))
 
     mlruns = repo_store()
-    _airbench_wheel()
+    wheel = _airbench_wheel(tmp_path / "wheels")
     out = tmp_path / "out"
-    done = run_check(tmp_path, "--dry-run", str(out), timeout=plan.DRY_BUDGET_S + 120)
+    done = run_check(tmp_path, "--dry-run", str(out), timeout=plan.DRY_BUDGET_S + 120,
+                     path=wheel)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
 
     report = (out / "gpu_check.md").read_text()
