@@ -66,22 +66,39 @@ def assert_on_time_and_at_the_end(store: str, run, plan: dict) -> None:
 
 @pytest.fixture(scope="module")
 def budgeted(tmp_path_factory):
-    """A budgeted run in its own process: (store, run, its plan, a folder)."""
+    """A budgeted run in its own process: (store, run, its plan, a folder, its stderr)."""
     tmp = tmp_path_factory.mktemp("budgeted")
     store = new_store(tmp)
     out = run_cli("train", *BUDGETED, "--tracking-uri", store)
     assert out.returncode == 0, out.stderr[-3000:]
     run = only_run(store)
-    return store, run, plan_of(store, run.info.run_id, tmp), tmp
+    return store, run, plan_of(store, run.info.run_id, tmp), tmp, out.stderr
 
 
 def test_a_budgeted_run_ends_on_time_with_its_schedule_at_its_end(budgeted):
-    store, run, plan, _ = budgeted
+    store, run, plan, _, _ = budgeted
     assert_on_time_and_at_the_end(store, run, plan)
     assert plan["budget_s"] == BUDGET_S and not plan["replayed"]
     # the nominal plan (2 epochs of 30 updates) was revised to what the budget holds
     assert plan["revisions"][0] == [0, 60] and len(plan["revisions"]) >= 2
     assert run.data.params["train.budget_s"] == str(BUDGET_S)
+
+
+def test_each_epoch_says_one_line_with_the_training_clock_where_no_terminal_shows_a_bar(budgeted):
+    """Output to a file or a batch job's log (not a terminal): one line an epoch, its plan, the
+    training seconds spent of the budget and its metrics, the last one at the full plan."""
+    _, run, _, _, err = budgeted
+    lines = [line for line in err.splitlines() if line.startswith("epoch ")]
+    epochs = int(run.data.metrics["train_epochs"])
+    assert len(lines) == epochs, err[-3000:]
+    trained = 0.0
+    for n, line in enumerate(lines, 1):
+        head, clock = line.split(" (")[0], line.split(" (")[1].split(" of ")
+        assert head.startswith(f"epoch {n}/") and clock[1].startswith(f"{BUDGET_S:g} s trained)")
+        assert float(clock[0]) >= trained and "val_accuracy=" in line
+        trained = float(clock[0])
+    assert lines[-1].startswith(f"epoch {epochs}/{epochs} ")
+    assert trained == pytest.approx(run.data.metrics["train_time_s"], abs=0.51)
 
 
 # `accel ARGS` whose every optimizer update takes SLOW_S seconds longer: a slower machine.
@@ -103,7 +120,7 @@ def test_a_slower_machine_runs_fewer_updates_in_the_same_budget(budgeted, tmp_pa
     ends on time with its schedule at its end. The slowed run trains fewer updates than the
     fixture's; of the thread counts, the one that measured the clearly slower update (two
     threads can be the slower on a machine shared with other work) trains fewer."""
-    _, ref_run, _, _ = budgeted
+    _, ref_run, _, _, _ = budgeted
     ref = ref_run.data.metrics
     runs = {}
     for name, command, env in (
@@ -128,7 +145,7 @@ def test_a_slower_machine_runs_fewer_updates_in_the_same_budget(budgeted, tmp_pa
 def test_reproduce_replays_the_logged_plan_exactly(budgeted):
     """The rerun trains the original's updates and epochs on the original's plan (the clock is
     not read), so its curves and final metrics are bitwise the original's."""
-    store, run, plan, tmp = budgeted
+    store, run, plan, tmp, _ = budgeted
     out = run_cli("reproduce", run.info.run_id, "--tracking-uri", store)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "(exactly)" in out.stdout and f"{plan['updates']} updates in" in out.stderr
@@ -223,6 +240,18 @@ def test_the_plan_is_what_fits_the_budget_and_ends_on_an_update(monkeypatch):
     assert fake.schedule(80) == 0.1  # the lr's end, after the last update
     first = B.UNMEASURED_UPDATES + B.MEASURED_UPDATES  # the first estimate, then no change
     assert fake.schedule.revisions == [[0, 14], [first, 80]]  # from 2 nominal epochs of 7
+
+
+def test_a_last_epoch_of_a_few_updates_is_not_started(monkeypatch):
+    """Epochs of 100 updates of 1/8 s in 25.25 s: 202 would fit, the last 2 in an epoch of
+    their own, which would cost an evaluation for 2% of an epoch; the run ends after epoch 2."""
+    fake = FakeRun(monkeypatch, budget_s=25.25, update_s=0.125, per_epoch=100)
+    assert fake.run() == 200
+    assert fake.trainer.state.epoch == fake.trainer.state.max_epochs == 2
+    assert fake.schedule.total == 200 and fake.schedule(200) == 0.1
+    # 3 updates (3% of an epoch) are worth their epoch: 25.375 s end inside epoch 3
+    fake = FakeRun(monkeypatch, budget_s=25.375, update_s=0.125, per_epoch=100)
+    assert fake.run() == 203 and fake.trainer.ended and fake.trainer.state.epoch == 3
 
 
 def test_a_machine_that_slows_down_is_stopped_by_the_clock(monkeypatch):

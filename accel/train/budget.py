@@ -5,8 +5,9 @@ The run starts on the nominal plan (`train.epochs` of updates). After a few upda
 own speed (seconds per update, the first updates of a process left out: they build kernels) and
 revises the plan to the updates that fit the budget; it revises again at each epoch's end, and at
 every update of the epoch the plan ends in, so the last update is the one after which another
-would not fit. The learning rate's decay, the warm-up and the whitening bias's hold follow the
-plan (accel.schedule.Schedule); the moving average and the per-epoch evaluations (Optuna's
+would not fit (or the end of the epoch before, where the last would hold only a few updates).
+The learning rate's decay, the warm-up and the whitening bias's hold follow the plan
+(accel.schedule.Schedule); the moving average and the per-epoch evaluations (Optuna's
 pruning reports) come with every update and epoch as before. Only training counts: the
 evaluations after each epoch and the test split after the last are outside the budget.
 
@@ -25,6 +26,9 @@ from accel.schedule import Schedule
 ARTIFACT = "budget_plan.json"
 UNMEASURED_UPDATES = 2  # a process's first updates: oneDNN and the allocator warm up
 MEASURED_UPDATES = 3  # updates timed before the first estimate
+# A plan that would start an epoch only to make this share of its updates ends at the epoch
+# before instead: the few updates given up are worth less than the evaluation they would cost.
+TAIL_SHARE = 0.02
 
 
 class Budget:
@@ -92,11 +96,21 @@ class Budget:
             if (not self.estimated or u % s.per_epoch == 0 or s.total <= epoch_end
                     or remaining < self.update_s):
                 # floor: an update that would end past the budget is not planned
-                s.revise(u, u + math.floor(remaining / self.update_s))
+                s.revise(u, without_tail(u + math.floor(remaining / self.update_s), u,
+                                         s.per_epoch))
                 self.estimated = True
         if not self.estimated and s.total <= u and remaining > 0:
             s.revise(u, u + 1)  # the nominal plan is shorter than the measuring: one more
         return s.total_at(u)
+
+
+def without_tail(total: int, u: int, per_epoch: int) -> int:
+    """`total` updates, or the epoch boundary before it (not before update `u`) where the last
+    epoch would hold at most TAIL_SHARE of an epoch's updates."""
+    tail = total % per_epoch
+    if 0 < tail <= TAIL_SHARE * per_epoch and total - tail >= u:
+        return total - tail
+    return total
 
 
 def record(budget: Budget, epochs: int) -> dict:

@@ -38,8 +38,11 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         from optuna_integration import PyTorchIgnitePruningHandler
 
         pruning = PyTorchIgnitePruningHandler(trial, metric.removeprefix("val_"), trainer)
-    verbose = sys.stderr.isatty() and ranks.rank() == 0
-    if verbose:
+    bar = sys.stderr.isatty() and ranks.rank() == 0
+    # One line an epoch where a terminal shows the bar, and for a lone run into a log file or a
+    # batch job's output (a study's trials say one line each instead).
+    verbose = ranks.rank() == 0 and (bar or trial is None)
+    if bar:
         from ignite.handlers import ProgressBar
 
         ProgressBar(persist=False).attach(trainer,
@@ -74,6 +77,8 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         if parts.budget is not None:  # the plan so far: what a reproduce replays
             run.budget_plan(parts)
         run.metrics(row, step=trainer.state.epoch)
+        if verbose:
+            print(epoch_line(parts, trainer.state), file=sys.stderr, flush=True)
         hit = time_to_target(cfg.train.target, parts.history)
         if hit is not None and hit[1] == len(parts.history):  # reached at this very epoch
             run.metrics({"time_to_target_s": hit[0], "epochs_to_target": hit[1]},
@@ -81,9 +86,6 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
             if cfg.train.stop_at_target:
                 trainer.terminate()  # the run ends FINISHED after this epoch
                 return
-        if verbose:
-            print(f"epoch {trainer.state.epoch}/{trainer.state.max_epochs} "
-                  + " ".join(f"{k}={v:.4g}" for k, v in row.items()), file=sys.stderr)
         prune(pruning, parts.evaluator)
 
 
@@ -135,6 +137,17 @@ def epoch_row(parts: Parts, t0: float) -> dict[str, float]:
     if step.scaler is not None:
         row["skipped_updates"] = stats["skipped_updates"]
     return row
+
+
+def epoch_line(parts: Parts, state) -> str:
+    """`epoch 2/4 ...` and the epoch's metrics; a budgeted run adds its training clock (the
+    plan's epoch count is revised as the run measures its speed)."""
+    row = parts.history[-1]
+    line = f"epoch {state.epoch}/{state.max_epochs} "
+    if parts.budget is not None:
+        trained = sum(r["epoch_time_s"] for r in parts.history)
+        line += f"({trained:.0f} of {parts.cfg.train.budget_s:g} s trained) "
+    return line + " ".join(f"{k}={v:.4g}" for k, v in row.items())
 
 
 def peak_memory_mb(device: torch.device) -> float:
