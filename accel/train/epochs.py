@@ -39,8 +39,7 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
 
         pruning = PyTorchIgnitePruningHandler(trial, metric.removeprefix("val_"), trainer)
     bar = sys.stderr.isatty() and ranks.rank() == 0
-    # One line an epoch where a terminal shows the bar, and for a lone run into a log file or a
-    # batch job's output (a study's trials say one line each instead).
+    # One line an epoch with the bar, and for a lone run into a log (a trial says one line)
     verbose = ranks.rank() == 0 and (bar or trial is None)
     if bar:
         from ignite.handlers import ProgressBar
