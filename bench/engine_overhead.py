@@ -22,29 +22,12 @@ from accel import engine as E  # noqa: E402
 from bench.common import print_ratio, summary, time_rounds  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="test_resnet")
-    ap.add_argument("--amp", default="off", choices=["off", "bf16"])
-    ap.add_argument("--batches", type=int, default=48)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--img-size", type=int, default=32)
-    ap.add_argument("--accumulation", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=7)
-    args = ap.parse_args()
-
+def contenders(args, data: list) -> dict:
+    """accel's Ignite update step and a bare PyTorch loop doing the same updates on `data`."""
     import timm
 
     device = torch.device("cpu")
     dtype = torch.bfloat16 if args.amp == "bf16" else None
-    g = torch.Generator().manual_seed(0)
-    data = [
-        (
-            torch.randn(args.batch_size, 3, args.img_size, args.img_size, generator=g),
-            torch.randint(0, 10, (args.batch_size,), generator=g),
-        )
-        for _ in range(args.batches)
-    ]
     k, n = args.accumulation, len(data)
 
     def setup():
@@ -86,11 +69,34 @@ def main() -> None:
                 optimizer.zero_grad(set_to_none=True)
                 scheduler.step()
 
+    return {"accel (Ignite)": ours, "bare PyTorch": bare}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="test_resnet")
+    ap.add_argument("--amp", default="off", choices=["off", "bf16"])
+    ap.add_argument("--batches", type=int, default=48)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--img-size", type=int, default=32)
+    ap.add_argument("--accumulation", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+
+    g = torch.Generator().manual_seed(0)
+    data = [
+        (
+            torch.randn(args.batch_size, 3, args.img_size, args.img_size, generator=g),
+            torch.randint(0, 10, (args.batch_size,), generator=g),
+        )
+        for _ in range(args.batches)
+    ]
+    k, n = args.accumulation, len(data)
     print(
         f"{args.model} {args.img_size}px batch {args.batch_size} x{k} accumulation, "
         f"{n} micro-batches/round, amp={args.amp}, {torch.get_num_threads()} threads"
     )
-    times = time_rounds({"accel (Ignite)": ours, "bare PyTorch": bare}, args.rounds)
+    times = time_rounds(contenders(args, data), args.rounds)
     for name, ts in times.items():
         print(f"{name:15s} {summary(ts)}")
     print_ratio(
