@@ -96,13 +96,14 @@ def deferred_stops():
     try:
         yield
     finally:
-        stopped = len(_received) > before
-        if stopped:
-            ignore_stops()  # the clean-up after the step must not be interrupted
-        else:
+        if len(_received) == before:
             restore(previous)
-    if stopped:
-        raise KeyboardInterrupt
+        else:
+            ignore_stops()  # the clean-up after the step must not be interrupted
+            # Raised also in place of an error the step raised: a caller that retries that
+            # error (a store write SQLite refused as locked) would otherwise lose the stop,
+            # with every later signal ignored.
+            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

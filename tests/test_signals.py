@@ -245,3 +245,35 @@ def test_a_worker_that_does_not_stop_is_killed():
     _stop([proc], wait_s=1.0)
     assert not proc.is_alive() and proc.exitcode == -signal.SIGKILL
     assert time.time() - started < 30
+
+
+LOCKED_WRITE = """
+import os, signal, sqlite3
+from accel import signals
+from accel.tracking.client import retry_locked
+
+signals.handle_stops()
+writes = []
+
+def write():
+    writes.append(1)
+    if len(writes) == 1:
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the store is written
+        raise sqlite3.OperationalError("database is locked")
+
+try:
+    retry_locked(write)
+except KeyboardInterrupt:
+    print("stopped after", len(writes), "write")
+else:
+    print("went on after", len(writes), "writes")
+"""
+
+
+def test_a_stop_during_a_write_refused_as_locked_is_not_lost_to_the_retry():
+    """SIGTERM inside a store write that SQLite then refuses ('database is locked'): the stop
+    is raised, not the error the retry catches. Lost, the command went on with every later
+    signal ignored (an evaluation then read on, and a read that blocks never ended)."""
+    proc = subprocess.run([sys.executable, "-c", LOCKED_WRITE], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.strip() == "stopped after 1 write", proc.stdout + proc.stderr[-2000:]
