@@ -5,6 +5,7 @@ cached per machine, model and batch, logged, and replayed by `accel reproduce` a
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -106,6 +107,38 @@ def test_the_probe_times_both_precisions_and_leaves_the_run_as_it_was():
     assert set(times) == {"fp32", "bf16"} and all(t > 0 for t in times.values())
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+@pytest.mark.parametrize("fp32_s, bf16_s, rounds_run", [
+    (0.010, 0.150, False),  # bf16 15x slower: a CPU without bf16 instructions (AVX2 only)
+    (0.010, 0.005, False),  # bf16 twice as fast
+    (0.010, 0.013, True),  # 0.77x: close enough for the rounds to turn
+    (0.010, 0.006, True)])  # 1.67x faster
+def test_a_decisive_gap_after_warm_up_answers_without_the_rounds(
+        monkeypatch, fp32_s, bf16_s, rounds_run):
+    """Where one precision's warm step takes DECISIVE times the other's, the warm steps are the
+    answer and no round runs; a closer gap is measured in the alternating rounds. Steps of
+    fixed cost on a fake clock."""
+    from types import SimpleNamespace
+
+    clock, cost, ran = [0.0], {"fp32": fp32_s, "bf16": bf16_s}, {"fp32": 0, "bf16": 0}
+
+    def step_of(model, cfg, device, dtype, shape, classes):
+        name = "bf16" if dtype is torch.bfloat16 else "fp32"
+
+        def step():
+            ran[name] += 1
+            clock[0] += cost[name]
+        return step
+
+    monkeypatch.setattr(amp_probe, "_step", step_of)
+    monkeypatch.setattr(amp_probe, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    times = amp_probe.probe(None, None, torch.device("cpu"), (8, 3, 8, 8), 10)
+    assert times == pytest.approx(cost)
+    per_round = max(amp_probe.STEPS_PER_ROUND,
+                    math.ceil(amp_probe.ROUND_S / max(fp32_s, bf16_s)))
+    steps = amp_probe.WARMUP_STEPS + (amp_probe.ROUNDS * per_round if rounds_run else 0)
+    assert ran == {"fp32": steps, "bf16": steps}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

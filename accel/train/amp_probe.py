@@ -4,7 +4,8 @@ On CUDA: bf16 where the GPU has it, else fp16 with loss scaling. On a CPU whethe
 depends on the CPU and the model (1.75x on a Zen 5 EPYC, 2.97x on a Xeon with AMX, 0.87x on an
 older EPYC, slower than fp32 on a Xeon with avx512_bf16 and no AMX visible: docs/results.md), so
 a probe times this model's update step at this batch size in bf16 and in fp32 (copies of the
-model, a batch of random images, a few seconds) and the faster wins. The answer is cached per CPU
+model, a batch of random images, a few seconds) and the faster wins; two warm steps decide alone
+where one takes twice the other's (bf16 without bf16 instructions, AVX2 only). The answer is cached per CPU
 model, torch version, thread count, model and batch shape (`amp_probe.json` under
 $ACCEL_CACHE_DIR, else ~/.cache/accel): a study pays the probe once. The run logs the decision
 and both timings; `accel reproduce` and `accel resume` train in what the run chose.
@@ -29,6 +30,10 @@ WARMUP_STEPS = 2  # per precision: oneDNN builds its kernels on the first step
 ROUNDS = 3  # alternating rounds, so that a change in the machine's load hits both alike
 STEPS_PER_ROUND = 2  # at least; a small model takes as many as last ROUND_S
 ROUND_S = 0.2
+# A warm step this many times the other precision's decides at once: the rounds could not turn
+# it, and on a CPU without bf16 instructions (AVX2 only) bf16 steps take 15x fp32's, so that
+# 6 more of them would cost minutes.
+DECISIVE = 2.0
 DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -87,14 +92,17 @@ def decide(mode: str, device: torch.device, model: torch.nn.Module, cfg, shape: 
 def probe(model: torch.nn.Module, cfg, device: torch.device, shape: tuple[int, ...],
           classes: int, rounds: int = ROUNDS) -> dict[str, float]:
     """Median seconds per update of copies of `model` in fp32 and in bf16 autocast, on random
-    batches of `shape`; the process's random states are left as they were."""
+    batches of `shape`; the process's random states are left as they were. Where one warm
+    step is DECISIVE times the other's, those two steps are the answer."""
     from accel.train.checkpoint import kept_random_states
 
     with kept_random_states():
         steps = {"fp32": _step(model, cfg, device, None, shape, classes),
                  "bf16": _step(model, cfg, device, torch.bfloat16, shape, classes)}
-        warm = max(_warm_up(step) for step in steps.values())  # s of a step, roughly
-        n = max(STEPS_PER_ROUND, math.ceil(ROUND_S / max(warm, 1e-6)))
+        warm = {name: _warm_up(step) for name, step in steps.items()}  # s of a warm step
+        if max(warm.values()) >= DECISIVE * min(warm.values()):
+            return warm
+        n = max(STEPS_PER_ROUND, math.ceil(ROUND_S / max(max(warm.values()), 1e-6)))
         times: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(rounds):
             for name, step in steps.items():
