@@ -5,8 +5,8 @@ depends on the CPU and the model (1.75x on a Zen 5 EPYC, 2.97x on a Xeon with AM
 older EPYC, slower than fp32 on a Xeon with avx512_bf16 and no AMX visible: docs/results.md), so
 a probe times this model's update step at this batch size in bf16 and in fp32 (copies of the
 model, a batch of random images, a few seconds) and the faster wins; two warm steps decide alone
-where one takes twice the other's (bf16 without bf16 instructions, AVX2 only). The answer is cached per CPU
-model, torch version, thread count, model and batch shape (`amp_probe.json` under
+where one takes twice the other's (bf16 without bf16 instructions, AVX2 only). The answer is
+cached per CPU model, torch version, thread count, model and batch shape (`amp_probe.json` under
 $ACCEL_CACHE_DIR, else ~/.cache/accel): a study pays the probe once. The run logs the decision
 and both timings; `accel reproduce` and `accel resume` train in what the run chose.
 """
