@@ -94,7 +94,8 @@ def ride_out(call: Callable[[], T], *, key: str, store: str) -> T:
     started, wait = None, FIRST_WAIT_S
     while True:
         try:
-            result = call()
+            with signals.atomic():  # a stop never lands inside a store's client or driver
+                result = call()
         except Exception as e:
             if not is_outage(e) or key not in _reached:
                 raise

@@ -107,6 +107,22 @@ def deferred_stops():
 
 
 @contextlib.contextmanager
+def live_stops():
+    """Inside `deferred_stops`: a body that a stop may end anywhere (a trial's training, whose
+    own steps defer stops where they must). A stop recorded before it is raised at its start;
+    one that arrives inside it raises KeyboardInterrupt there, as with `handle_stops`; after
+    it, stops are recorded again until the enclosing step ends."""
+    if _received:
+        raise KeyboardInterrupt
+    previous = {s: signal.signal(s, _stop_once) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        if not _received:  # else `_stop_once` left stops ignored, for the clean-up
+            restore(previous)
+
+
+@contextlib.contextmanager
 def atomic():
     """A store write that a stop must not cut in half: SQLite would stay locked for the rest
     of the process, and the clean-up's own writes (runs ended KILLED, trials FAIL) would fail.

@@ -5,16 +5,20 @@
 A study of short trials runs as `accel tune --workers 2` against its own PostgreSQL (a cluster in
 a scratch folder, on its own port: bench/local_services.py) and its own `mlflow server` backed by
 it. For `--seconds`, faults of every kind land at seeded random times, each kind at least twice:
-a worker process SIGKILLed; the whole invocation SIGKILLed (and started again); the invocation
-SIGTERMed (a preemption, a time limit; started again); the MLflow server restarted; PostgreSQL
-restarted (fast shutdown: connections ended). An invocation that ends is started again. Then a
-calm invocation runs what is queued, and `accel best` answers.
+a worker process SIGKILLed; a worker frozen (SIGSTOP) past the heartbeat grace period, then
+continued (a long GC pause, a swapped-out process, a VM frozen for a live migration); the whole
+invocation SIGKILLed (and started again); the invocation SIGTERMed (a preemption, a time limit;
+started again); the MLflow server restarted; PostgreSQL restarted (fast shutdown: connections
+ended); PostgreSQL killed (SIGKILL to all its processes, then started: crash recovery). An
+invocation that ends is started again. Then a calm invocation runs what is queued, and
+`accel best` answers.
 
 It prints the figures: faults by kind, every invocation's exit code, the trials by state,
 retried, lost (a FAIL trial neither retried nor past its retry limit), runs left RUNNING, runs
-per trial, the parent run's status. Exit 0 when nothing was lost, nothing is RUNNING, every
-trial has exactly one run and the parent is FINISHED; else 1. Everything it starts is stopped
-and its scratch removed, also on Ctrl-C.
+per trial, the parent run's status, and the invocations whose output holds a traceback. Exit 0
+when nothing was lost, nothing is RUNNING, every trial has exactly one run, the parent is
+FINISHED and no output holds a traceback; else 1. Everything it starts is stopped and its
+scratch removed, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 from accel.uris import with_driver  # noqa: E402
 from bench.local_services import LocalPostgres, MlflowServer  # noqa: E402
 
-KINDS = ("worker SIGKILL", "invocation SIGKILL", "invocation SIGTERM", "MLflow server restart",
-         "PostgreSQL restart")
+KINDS = ("worker SIGKILL", "worker frozen", "invocation SIGKILL", "invocation SIGTERM",
+         "MLflow server restart", "PostgreSQL restart", "PostgreSQL SIGKILL")
 STUDY = "chaos"
 CONFIG = {
     "name": STUDY,
@@ -85,6 +89,7 @@ class Chaos:
         # (how the invocation was ended, its exit code, its last line where the code is not 0)
         self.exits: list[tuple[str, int, str]] = []
         self.faults: Counter = Counter()
+        self.tracebacks: list[str] = []  # the logs of invocations that printed one
 
     def tune(self, *args: str) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ACCEL_"))}
@@ -98,9 +103,12 @@ class Chaos:
         return proc
 
     def _ended(self, how: str, proc: subprocess.Popen) -> None:
-        lines = proc.log.read_text(errors="replace").strip().splitlines()
+        text = proc.log.read_text(errors="replace")
+        lines = text.strip().splitlines()
         last = lines[-1][:160] if lines and proc.returncode not in (0, 143) else ""
         self.exits.append((how, proc.returncode, last))
+        if "Traceback" in text:
+            self.tracebacks.append(f"{proc.log.name} ({how})")
 
     def keep_running(self) -> None:
         """An invocation of 4 trials on 2 workers is always running; one that ended is noted."""
@@ -112,7 +120,7 @@ class Chaos:
 
     def inject(self, kind: str) -> None:
         self.faults[kind] += 1
-        if kind == "worker SIGKILL":
+        if kind.startswith("worker"):
             deadline = time.time() + 60  # an invocation setting up has no worker yet
             while not (workers := self._workers()) and time.time() < deadline:
                 self.keep_running()
@@ -120,7 +128,13 @@ class Chaos:
             if not workers:
                 self.faults[kind] -= 1  # not injected: not counted
                 return
-            os.kill(self.rng.choice(workers), signal.SIGKILL)
+            worker = self.rng.choice(workers)
+            if kind == "worker SIGKILL":
+                os.kill(worker, signal.SIGKILL)
+                return
+            os.kill(worker, signal.SIGSTOP)  # past the grace: its trial is failed and retried
+            time.sleep(float(ENV["ACCEL_GRACE_S"]) + self.rng.uniform(4, 12))
+            os.kill(worker, signal.SIGCONT)
         elif kind.startswith("invocation"):
             sig = signal.SIGKILL if kind.endswith("SIGKILL") else signal.SIGTERM
             self._end(sig, kind.split()[-1])
@@ -129,7 +143,10 @@ class Chaos:
             time.sleep(self.rng.uniform(1, 8))
             self.server.start()
         else:
-            self.pg.stop("fast")
+            if kind == "PostgreSQL SIGKILL":
+                self.pg.kill()
+            else:
+                self.pg.stop("fast")
             time.sleep(self.rng.uniform(1, 8))
             self.pg.start()
 
@@ -177,6 +194,8 @@ class Chaos:
                                "--storage", self.storage, "--tracking-uri", self.server.url],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)
         self.exits.append(("accel best", best.returncode, best.stderr.strip()[-160:]))
+        if "Traceback" in best.stderr:
+            self.tracebacks.append("accel best")
 
     def trials(self) -> list:
         import optuna
@@ -223,7 +242,7 @@ def figures(chaos: Chaos) -> dict:
 
 def report(chaos: Chaos, found: dict, seconds: float, seed: int, took: float) -> bool:
     ok = (not found["lost"] and not found["running"] and set(found["runs per trial"]) == {1}
-          and found["parent"] == ["FINISHED"])
+          and found["parent"] == ["FINISHED"] and not chaos.tracebacks)
     print(f"## chaos: seed {seed}, {seconds:.0f} s of faults, {took:.0f} s in all")
     print("| figure | value |\n| --- | --- |")
     print(f"| faults | {sum(chaos.faults.values())}: "
@@ -239,7 +258,9 @@ def report(chaos: Chaos, found: dict, seconds: float, seed: int, took: float) ->
     print("| runs per trial | " + ", ".join(f"{n} trial(s) with {k}" for k, n in
                                            sorted(found["runs per trial"].items())) + " |")
     print(f"| parent run | {', '.join(found['parent'])} |")
-    print(f"verdict: {'nothing lost' if ok else 'LOST OR LEFT RUNNING'}")
+    print(f"| invocations with a traceback | {len(chaos.tracebacks)} "
+          f"{chaos.tracebacks or ''} |")
+    print(f"verdict: {'nothing lost' if ok else 'LOST, LEFT RUNNING OR A TRACEBACK'}")
     for number, error in found["lost"]:
         print(f"  lost trial {number}: {error}")
     for i, (how, code, last) in enumerate(chaos.exits):

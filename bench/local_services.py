@@ -71,6 +71,24 @@ class LocalPostgres:
         with contextlib.suppress(subprocess.CalledProcessError):
             self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 
+    def kill(self) -> None:
+        """SIGKILL the server and every process of it (a crash, the out-of-memory killer): the
+        next `start()` recovers from its write-ahead log."""
+        import psutil
+
+        pid_file = self.data / "postmaster.pid"
+        if not pid_file.exists():
+            return
+        try:
+            server = psutil.Process(int(pid_file.read_text().split()[0]))
+            procs = [server, *server.children(recursive=True)]
+        except (psutil.NoSuchProcess, ValueError):
+            return
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(procs, timeout=30)
+
     def create_database(self, name: str) -> str:
         import psycopg2
 

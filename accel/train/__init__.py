@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accel import signals
+from accel import lease, signals
 from accel.config import Config
 from accel.console import program
 from accel.errors import NonFiniteLoss
@@ -102,14 +102,21 @@ def _train(cfg: Config, trial: Any, run_name: str | None, tags: dict[str, str] |
         run = RunLog()  # untracked, until the MLflow run is open
         try:
             if track:
+                if trial is not None:  # its run is made once: not by a trial failed meanwhile
+                    lease.confirm()
                 with signals.atomic():  # made whole; a stop meanwhile then ends it KILLED
                     run = open_run(parts, run_name, tags, parent_run_id, Path(scratch), resume)
             attach_epoch_handlers(parts, run, trial)
             final = run_epochs(parts, run)
+            if trial is not None:  # its outcome is written once: not for a trial failed meanwhile
+                lease.confirm()
             best = find_best_epoch(parts.history, cfg.search.metric, cfg.search.direction)
             log_results(parts, run, final, best)
             status = "FINISHED"
             run.drop_last_state()
+        except lease.LeaseLost:
+            status = None  # the trial's record is the storage's and its retry's: left alone
+            raise
         except BaseException as e:
             stop = isinstance(e, stopped) or signals.stop_requested()
             status, error = ("KILLED" if stop else "FAILED"), e

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from accel import ranks
+from accel import lease, ranks
 from accel.console import note
 from accel.errors import NonFiniteLoss
 from accel.train.parts import Parts
@@ -46,6 +46,8 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
 
         ProgressBar(persist=False).attach(trainer,
                                           output_transform=lambda out: {"loss": out["loss"]})
+    if trial is not None:  # a trial failed meanwhile as stale stops at its next update
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda _: lease.check())
     clock = {"t0": 0.0}
 
     @trainer.on(Events.EPOCH_STARTED)
@@ -58,6 +60,8 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         if trainer.should_terminate:
             return
         row = epoch_row(parts, clock["t0"])
+        if trial is not None:  # nothing of the epoch is written for a trial failed meanwhile
+            lease.confirm()
         parts.history.append(row)
         while parts.notes:
             note(parts.notes.pop(0))

@@ -110,13 +110,16 @@ class RunLog:
                         to_unit_range(x[:2].float().cpu(), kind).numpy(), parts.cfg.model.name,
                         metadata)
 
-    def end(self, status: str, error: BaseException | None = None) -> None:
-        """End the run with `status`. While `error` propagates, a failure to reach the store
-        is only reported: it must not replace the error that ended the run."""
+    def end(self, status: str | None, error: BaseException | None = None) -> None:
+        """End the run with `status` (None: leave it as the store has it, for a trial that
+        another worker failed meanwhile). While `error` propagates, a failure to reach the
+        store is only reported: it must not replace the error that ended the run."""
         if not self.tracker:
             return
         if self.monitor is not None:
             self.monitor.finish()
+        if status is None:
+            return
         try:
             retry_locked(self.tracker.end_run, self.run_id, status)
         except Exception as e:

@@ -10,6 +10,7 @@ import socket
 import warnings
 from pathlib import Path
 
+from accel import lease, signals
 from accel.config import COST_METRICS, ConfigError, objectives
 from accel.console import note, warn
 from accel.errors import describe_error, one_line
@@ -40,18 +41,24 @@ class Objective:
 
         job = self.job
         self.last_trial = trial.number
-        trial.set_user_attr(st.ATTR_INVOCATION, job.invocation)
-        trial.set_user_attr(st.ATTR_HOST, socket.gethostname())
-        trial.set_user_attr(st.ATTR_PID, os.getpid())
         state, run_id, error, interrupted = "FAIL", None, None, False
         try:
-            cfg = trial_config(job.cfg, job.dims, trial)
-            with scratch_dir() as tmp:
-                result = self._train(cfg, trial, self._resume_point(trial, Path(tmp)))
+            # A stop ends the trial anywhere in here (one that came while Optuna asked for the
+            # trial, at once); outside, accel.tune.one_trial raises it after the tell.
+            with signals.live_stops():
+                trial.set_user_attr(st.ATTR_INVOCATION, job.invocation)
+                trial.set_user_attr(st.ATTR_HOST, socket.gethostname())
+                trial.set_user_attr(st.ATTR_PID, os.getpid())
+                cfg = trial_config(job.cfg, job.dims, trial)
+                with scratch_dir() as tmp:
+                    result = self._train(cfg, trial, self._resume_point(trial, Path(tmp)))
             run_id = result.run_id
             values = objective_values(result, objectives(job.cfg.search))
             state = "COMPLETE"
             return values[0] if len(values) == 1 else values
+        except lease.LeaseLost:
+            state = None  # failed meanwhile by another worker, whose close is the record
+            raise
         except optuna.TrialPruned:
             state = "PRUNED"
             raise
@@ -69,7 +76,8 @@ class Objective:
             _free_accelerator_memory()  # after an out-of-memory error the next trial needs it
             raise
         finally:
-            self._close(trial, state, run_id, error, interrupted)
+            if state is not None:
+                self._close(trial, state, run_id, error, interrupted)
 
     def _train(self, cfg, trial, resume):
         """The trial's run; a retry carries on from `resume` where its checkpoint fits the
@@ -116,6 +124,7 @@ class Objective:
         return None
 
     def _close(self, trial, state, run_id, error, interrupted) -> None:
+        lease.confirm()  # a trial failed meanwhile as stale: its record stays as that left it
         message = describe_error(error) if error else None
         if interrupted and not message:
             from accel import signals

@@ -28,6 +28,7 @@ from accel.tune import pareto
 from accel.tune import tracking as st
 from accel.tune.nodes import process_alive
 from accel.tune.objective import Objective
+from accel.tune.one_trial import run_one_trial
 from accel.tune.storage import MAX_RETRY, RetryStaleTrial, open_storage
 from accel.tune.study import (
     TuneJob,
@@ -93,8 +94,8 @@ def run_worker(job: TuneJob, index: int, budget: Budget, restart: int = 0) -> No
         if job.deadline is not None and time.time() >= job.deadline:
             break
         try:
-            study.optimize(objective, n_trials=1, catch=(Exception,), callbacks=[after_trial],
-                           gc_after_trial=True)
+            if run_one_trial(study, objective, after_trial, prefix) is None:
+                budget.give_back()  # lost to its retry, which takes the slot
         except KeyboardInterrupt:
             _queue_stopped(study, objective.last_trial)
             raise
