@@ -5,8 +5,9 @@
 A study of short trials runs as `accel tune --workers 2` against its own PostgreSQL (a cluster in
 a scratch folder, on its own port: bench/local_services.py) and its own `mlflow server` backed by
 it. For `--seconds`, faults of every kind land at seeded random times, each kind at least twice:
-a worker process SIGKILLed; a worker frozen (SIGSTOP) past the heartbeat grace period, then
-continued (a long GC pause, a swapped-out process, a VM frozen for a live migration); the whole
+a worker process SIGKILLed; a worker frozen (SIGSTOP) past the heartbeat grace period while
+another node starts on the study, then continued (a long GC pause, a swapped-out process, a VM
+frozen for a live migration); the whole
 invocation SIGKILLed (and started again); the invocation SIGTERMed (a preemption, a time limit;
 started again); the MLflow server restarted; PostgreSQL restarted (fast shutdown: connections
 ended); PostgreSQL killed (SIGKILL to all its processes, then started: crash recovery). An
@@ -90,10 +91,11 @@ class Chaos:
         self.exits: list[tuple[str, int, str]] = []
         self.faults: Counter = Counter()
         self.tracebacks: list[str] = []  # the logs of invocations that printed one
+        self.lost_leases = 0  # trials a worker came back to after another failed them as stale
 
-    def tune(self, *args: str) -> subprocess.Popen:
+    def tune(self, *args: str, log: str | None = None) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ACCEL_"))}
-        log = (self.scratch / f"tune-{len(self.exits)}.log").open("w")
+        log = (self.scratch / f"{log or f'tune-{len(self.exits)}'}.log").open("w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "accel", "tune", str(self.config), "--study", STUDY,
              "--storage", self.storage, "--tracking-uri", self.server.url, *args],
@@ -109,6 +111,7 @@ class Chaos:
         self.exits.append((how, proc.returncode, last))
         if "Traceback" in text:
             self.tracebacks.append(f"{proc.log.name} ({how})")
+        self.lost_leases += text.count(" left to its retry")
 
     def keep_running(self) -> None:
         """An invocation of 4 trials on 2 workers is always running; one that ended is noted."""
@@ -132,9 +135,7 @@ class Chaos:
             if kind == "worker SIGKILL":
                 os.kill(worker, signal.SIGKILL)
                 return
-            os.kill(worker, signal.SIGSTOP)  # past the grace: its trial is failed and retried
-            time.sleep(float(ENV["ACCEL_GRACE_S"]) + self.rng.uniform(4, 12))
-            os.kill(worker, signal.SIGCONT)
+            self._freeze(worker)
         elif kind.startswith("invocation"):
             sig = signal.SIGKILL if kind.endswith("SIGKILL") else signal.SIGTERM
             self._end(sig, kind.split()[-1])
@@ -149,6 +150,21 @@ class Chaos:
                 self.pg.stop("fast")
             time.sleep(self.rng.uniform(1, 8))
             self.pg.start()
+
+    def _freeze(self, worker: int) -> None:
+        """SIGSTOP past the grace period; meanwhile another node starts on the study (an
+        invocation with no trial to run, which fails stale trials and queues them again, as a
+        worker starting a trial does), then SIGCONT: the worker comes back to a trial that is no
+        longer its own, unless it was between trials."""
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            time.sleep(float(ENV["ACCEL_GRACE_S"]) + self.rng.uniform(2, 6))
+            other = self.tune("--n-trials", "0", log=f"node-{len(self.exits)}")
+            other.wait(timeout=300)
+            self._ended("another node, stale trials failed", other)
+            time.sleep(self.rng.uniform(0, 4))
+        finally:
+            os.kill(worker, signal.SIGCONT)
 
     def _workers(self) -> list[int]:
         import psutil
@@ -258,6 +274,8 @@ def report(chaos: Chaos, found: dict, seconds: float, seed: int, took: float) ->
     print("| runs per trial | " + ", ".join(f"{n} trial(s) with {k}" for k, n in
                                            sorted(found["runs per trial"].items())) + " |")
     print(f"| parent run | {', '.join(found['parent'])} |")
+    print(f"| frozen workers back to a trial failed meanwhile (left to its retry) | "
+          f"{chaos.lost_leases} |")
     print(f"| invocations with a traceback | {len(chaos.tracebacks)} "
           f"{chaos.tracebacks or ''} |")
     print(f"verdict: {'nothing lost' if ok else 'LOST, LEFT RUNNING OR A TRACEBACK'}")
