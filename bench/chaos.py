@@ -131,11 +131,14 @@ class Chaos:
             if not workers:
                 self.faults[kind] -= 1  # not injected: not counted
                 return
-            worker = self.rng.choice(workers)
             if kind == "worker SIGKILL":
-                os.kill(worker, signal.SIGKILL)
+                os.kill(self.rng.choice(workers), signal.SIGKILL)
                 return
-            self._freeze(worker)
+            training = self._training(workers)  # frozen inside a trial, not between two
+            if not training:
+                self.faults[kind] -= 1
+                return
+            self._freeze(self.rng.choice(training))
         elif kind.startswith("invocation"):
             sig = signal.SIGKILL if kind.endswith("SIGKILL") else signal.SIGTERM
             self._end(sig, kind.split()[-1])
@@ -165,6 +168,21 @@ class Chaos:
             time.sleep(self.rng.uniform(0, 4))
         finally:
             os.kill(worker, signal.SIGCONT)
+
+    def _training(self, workers: list[int], wait_s: float = 60) -> list[int]:
+        """The workers among `workers` that hold a RUNNING trial (waited for a while)."""
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            try:
+                pids = {t.user_attrs.get("accel.pid") for t in self.trials()
+                        if t.state.name == "RUNNING"}
+            except Exception:  # the store restarting: ask again
+                pids = set()
+            if found := [w for w in workers if w in pids and w in self._workers()]:
+                return found
+            self.keep_running()
+            time.sleep(0.2)
+        return []
 
     def _workers(self) -> list[int]:
         import psutil

@@ -15,9 +15,11 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from accel.outage import ride_out
 from accel.uris import redact
 
-# Every storage call a study makes: the abstract interface of storages and heartbeats.
+# Every storage call a study makes: the abstract interface of storages and heartbeats, and the
+# RDB storage's own methods that Optuna's cache calls directly (reading all trials, among them).
+CACHE_CALLS = ("_create_new_trial", "_get_best_trial_id", "_get_trials", "_set_trial_param")
 CALLS = sorted({name for base in (BaseStorage, BaseHeartbeat) for name, value in vars(base).items()
-                if callable(value) and not name.startswith("__")})
+                if callable(value) and not name.startswith("__")} | set(CACHE_CALLS))
 
 
 def _riding(method):
