@@ -53,7 +53,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    cfg = load_config([*args.items, *_nproc(args)])  # bad input: before torch loads
+    # --study names the experiment (accel.tune.study): no note of a name derived from the data
+    named = [f"tracking.experiment={args.study}"] if args.study else []
+    cfg = load_config([*args.items, *named, *_nproc(args)])  # bad input: before torch loads
     from accel import tune
     from accel.train import launch
 
@@ -110,10 +112,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
-    cfg = load_config(args.items)  # bad input: before torch loads
-    from accel import ablation
+    """One experiment file, or several (the paper's grid: one parent, one summary); the
+    overrides apply to every file."""
+    files = [item for item in args.items if "=" not in item]
+    overrides = [item for item in args.items if "=" in item]
+    cfgs = [load_config([f, *overrides]) for f in files] or [load_config(overrides)]
+    from accel import ablation  # bad input above: before torch loads
 
-    return ablation.cli_ablate(args, cfg)
+    if len(cfgs) > 1:
+        return ablation.cli_grid(args, cfgs)
+    return ablation.cli_ablate(args, cfgs[0])
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -240,6 +248,8 @@ def _training_commands(command) -> None:
                    "front's best trial on METRIC (default: the whole front)")
     p.add_argument("--brief", action="store_true", help="three lines: the study's trials and "
                    "best value, how to browse it, how to reproduce the best trial")
+    p.add_argument("--force", action="store_true", help="with --register: register a best "
+                   "trial whose accuracy is within noise of chance (refused otherwise)")
 
     p = command("verify", "rerun a study's top trials and its baseline over fresh seeds: "
                 "intervals, the probability of staying best", cmd_verify, _storage_arg,
@@ -252,8 +262,9 @@ def _training_commands(command) -> None:
     p.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes")
 
     p = command("ablate", "time every on/off combination of GA, AMP, pinned memory, resident "
-                "data, channels_last, compile or data parallel on every GPU", cmd_ablate,
-                _config_args, _tracking_arg)
+                "data, channels_last, compile or data parallel on every GPU; several config "
+                "files: one ablation each under one parent, with a summary across them",
+                cmd_ablate, _config_args, _tracking_arg)
     p.add_argument("--techniques", default="ga,amp,pm", metavar="LIST",
                    help="comma list from ga, amp, pm, resident, channels_last, compile, ddp "
                    "(default ga,amp,pm)")

@@ -58,6 +58,9 @@ class DataConfig:
     # data.on_device): a random first choice per image, then mirrored in every other pass
     flip: str = "random"
     train_limit: int | None = None  # use only the first N training images (quick experiments)
+    # score the test split on N of its images (smoke runs, ablations): the same N in every run,
+    # drawn with a fixed seed across all classes (a split sorted by class would give one class)
+    test_limit: int | None = None
 
 
 @dataclass

@@ -68,8 +68,8 @@ def check(cfg: Any) -> None:
     _choice("data.dataset", d.dataset, DATASETS)
     _require("data.val_fraction", d.val_fraction, 0 <= d.val_fraction < 1, "must be in [0, 1)")
     _require("data.num_workers", d.num_workers, d.num_workers >= 0, "must be >= 0")
-    _require("data.train_limit", d.train_limit, d.train_limit is None or d.train_limit >= 1,
-             "must be >= 1 or null")
+    for key, limit in (("data.train_limit", d.train_limit), ("data.test_limit", d.test_limit)):
+        _require(key, limit, limit is None or limit >= 1, "must be >= 1 or null")
     if not m.name:
         raise ConfigError("model.name is empty: give a timm model name, e.g. resnet18")
     _require("model.img_size", m.img_size, m.img_size is None or m.img_size >= 1,

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from accel import ranks
+from accel import ranks, shared_data
 from accel.config import Config, ConfigError
 
 # Per-channel statistics of the training sets, in [0, 1] pixel units.
@@ -62,6 +62,14 @@ def seed_worker(worker_id: int) -> None:
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
+
+
+def sample_indices(n: int, k: int) -> list[int]:
+    """`k` of `n` indices (all where k >= n), drawn with a fixed seed and sorted: the same
+    images in every run whatever its `train.seed`, spread over a split stored class by class."""
+    if k >= n:
+        return list(range(n))
+    return sorted(torch.randperm(n, generator=torch.Generator().manual_seed(0))[:k].tolist())
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -135,18 +143,10 @@ def _raw_dataset(kind: str, root: str, split: str, transform, download: bool = F
             raise DataError(
                 f"data.root={root!r} has no {kind} ({folder}/ not found): set data.download=true "
                 f"on a machine with a network, or copy the python-version archive there"
+                + (shared_data.jpeg_copy_hint() if kind == "cifar10" else "")
             ) from None
     return datasets.ImageFolder(str(Path(root) / split), transform=transform,
                                 loader=functools.partial(load_image, mode=mode))
-
-
-def shared_data_hint(root: str) -> str:
-    """Where `root` is where the shared CIFAR-10 is extracted: the command that extracts it."""
-    from accel.shared_data import FOLDER, cache_dir
-
-    if Path(root).expanduser() == cache_dir() / FOLDER:
-        return "; `python -m accel.shared_data` extracts the shared CIFAR-10 there"
-    return ""
 
 
 def load_image(path: str, mode: str = "RGB"):
@@ -172,7 +172,7 @@ def _image_splits(cfg: Config, size_default: int):
             raise DataError(
                 f"data.root={root!r} has no train/ folder: an imagefolder dataset needs "
                 f"root/train/<class>/*.jpg (and optionally root/val, root/test)"
-                + shared_data_hint(root))
+                + shared_data.shared_data_hint(root))
         has_val = (Path(root) / "val").is_dir()
         has_test = (Path(root) / "test").is_dir()
     else:
@@ -344,6 +344,8 @@ def build_data(cfg: Config, device: torch.device) -> Data:
         train_ds, val_ds, test_ds, classes, in_chans, size = _image_splits(cfg, CIFAR_SIDE)
     if len(train_ds) == 0:
         raise DataError(f"data.root={cfg.data.root!r}: the training split is empty")
+    if cfg.data.test_limit and test_ds is not None:
+        test_ds = Subset(test_ds, sample_indices(len(test_ds), cfg.data.test_limit))
 
     d, t = cfg.data, cfg.train
     if d.on_device:

@@ -72,6 +72,24 @@ def cifar10_jpeg(tarball: Path = TARBALL, cache: Path | None = None) -> Path:
     return target
 
 
+def jpeg_copy_hint() -> str:
+    """Offline, where the JPEG copy of CIFAR-10 lies beside the project: the overrides that
+    train on it instead (for the error of a missing python-version CIFAR-10)."""
+    root = cache_dir() / FOLDER
+    if not (root.is_dir() or TARBALL.exists()):
+        return ""
+    first = "" if root.is_dir() else "`python -m accel.shared_data` (extracts it), then "
+    return (f"; offline, the JPEG copy of CIFAR-10 beside the project: {first}"
+            f"data.dataset=imagefolder data.root={root}")
+
+
+def shared_data_hint(root: str) -> str:
+    """Where `root` is where the shared CIFAR-10 is extracted: the command that extracts it."""
+    if Path(root).expanduser() == cache_dir() / FOLDER:
+        return "; `python -m accel.shared_data` extracts the shared CIFAR-10 there"
+    return ""
+
+
 if __name__ == "__main__":
     try:
         print(cifar10_jpeg())

@@ -193,8 +193,9 @@ def register_tiny_model(tmp: Path, name: str, alias: str = "champion") -> tuple[
         "train.lr": {"type": "float", "low": 5.0e-3, "high": 7.0e-3}}}}))
     store = f"sqlite:///{tmp / 'mlruns' / 'mlflow.db'}"
     where = ["--storage", str(tmp / "optuna.journal"), "--tracking-uri", store]
+    # 20 updates an epoch: a model that learns (6 stay at chance, which --register refuses)
     tiny = [*TINY_OVERRIDES, "model.name=accel_cnn_s", "model.img_size=8",
-            "tracking.system_metrics=false"]
+            "train.epoch_length=20", "tracking.system_metrics=false"]
     tune = run_in_process("tune", str(exp), *tiny, "--study", "s", "--n-trials", "1", *where)
     assert tune.returncode == 0, tune.stderr[-2000:]
     best = run_in_process("best", "--study", "s", "--register", name, "--alias", alias, *where)

@@ -381,7 +381,7 @@ def test_intervals_over_repeats_say_which_differences_are_beyond_noise():
     """Planted timings and accuracies, 4 repeats: ga is faster every time with the same
     accuracy; amp's speed-up straddles 1 and its accuracy is lower every time."""
     import numpy as np
-    from scipy.stats import bootstrap
+    from scipy import stats
 
     from accel.console import MISSING
 
@@ -398,9 +398,10 @@ def test_intervals_over_repeats_say_which_differences_are_beyond_noise():
     assert rows["ga+amp"].beyond_noise == "faster"  # 10/9, 12/11, 11/10, 10.5/10: all > 1
     assert rows["baseline"].beyond_noise == MISSING
 
-    def direct(values):
-        return bootstrap((np.array(values),), np.mean, n_resamples=9999, method="percentile",
-                         rng=np.random.default_rng(0)).confidence_interval
+    def direct(values):  # the 95% Student-t interval of the mean, from scipy directly
+        values = np.array(values)
+        return stats.t.interval(0.95, len(values) - 1, loc=values.mean(),
+                                scale=stats.sem(values))
 
     amp_speedups = [10 / 8, 12 / 14, 11 / 11, 10.5 / 10]
     speed, acc = rows["amp"].intervals()
@@ -419,7 +420,20 @@ def test_intervals_over_repeats_say_which_differences_are_beyond_noise():
 
     one = A.summarize(A.combinations(("ga",)), fake_records({"baseline": [10.0], "ga": [5.0]}),
                       A.make_plan(tiny(), ("ga",), CPU))
-    assert one[1].intervals() == (None, None) and one[1].beyond_noise == MISSING
+    assert one[1].intervals() == (None, None)
+    assert one[1].beyond_noise == "one seed: no interval"
+
+
+def test_equal_accuracy_differences_over_seeds_give_no_verdict():
+    """Three repeats whose accuracy differences are all +0.3 pp: no spread, so no interval
+    and no accuracy verdict (a zero-width interval is no evidence)."""
+    plan = A.make_plan(tiny(), ("amp",), CPU)
+    records = fake_records({"baseline": [10.0, 11.0, 10.5], "amp": [10.1, 10.9, 10.6]})
+    for r in records:
+        r.val_accuracy = 0.5 + r.repeat * 0.01 + (0.003 if r.combination == "amp" else 0)
+    rows = A.summarize(A.combinations(("amp",)), records, plan)
+    assert rows[1].beyond_noise == "no (noise)"
+    assert "no spread over 3 seeds: no interval" in A.markdown_table(rows, plan)
 
 
 def test_a_failed_baseline_gives_no_speedups():
@@ -454,17 +468,15 @@ def test_cli_ablation_logs_a_parent_with_one_child_per_combination(store, tmp_pa
     assert parent.data.params["ablation.techniques"] == "ga,amp,pm"
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     names = {c.info.run_name for c in children}
-    assert names == {c.name for c in A.combinations(("ga", "amp", "pm"))}
+    # n/a on cpu: a row of the table and a note on the parent, not an empty run
+    assert names == {"baseline", "ga", "amp", "ga+amp"}
+    assert "n/a on cpu" in parent.data.tags["accel.ablation.not_applicable"]
 
     for child in children:
         name = child.info.run_name
         grandchildren = [r for r in runs
                          if r.data.tags.get("mlflow.parentRunId") == child.info.run_id]
         status = child.data.tags["accel.ablation.status"]
-        if "pm" in name:  # n/a on cpu: reported, not run
-            assert status == "n/a" and grandchildren == []
-            assert "n/a on cpu" in child.data.tags["mlflow.note.content"]
-            continue
         # Every other combination must really run on CPU, GA and bf16 AMP included.
         assert status == "ok", (name, child.data.tags.get("mlflow.note.content"))
         assert len(grandchildren) == 1  # one repeat
@@ -486,6 +498,90 @@ def test_cli_ablation_logs_a_parent_with_one_child_per_combination(store, tmp_pa
         assert rows[name]["status"] == "ok", name
         assert math.isfinite(float(rows[name]["speedup_median"])), name
         assert float(rows[name]["speedup_median"]) > 0, name
+
+
+def test_repeats_train_with_seeds_of_their_own_and_get_honest_intervals(store):
+    """3 repeats on a CPU: repeat r trains with seed r in every combination, so the accuracy
+    differences vary and their intervals have width; no accuracy verdict from an interval that
+    includes zero; the table names the seeds."""
+    from accel.tracking import Tracker
+
+    cfg = tiny("train.epochs=2", "train.epoch_length=3")
+    result = A.run_ablation(cfg, ("amp",), 3, tracker=Tracker(store))
+    seeds = {(r.combination, r.repeat): r.seed for r in result.records}
+    assert seeds == {(c, r): r for c in ("baseline", "amp") for r in range(3)}
+    from mlflow.tracking import MlflowClient
+
+    logged = {r.data.tags["accel.ablation.repeat"]: r.data.params["train.seed"]
+              for r in MlflowClient(store).search_runs(
+                  [MlflowClient(store).get_experiment_by_name("quickstart").experiment_id],
+                  "tags.`accel.ablation.combination` = 'amp' AND tags.`accel.role` = 'train'")}
+    assert logged == {"1": "0", "2": "1", "3": "2"}
+    amp = result.rows[1]
+    base_acc = sorted(r.val_accuracy for r in result.rows[0].ok)
+    assert len(set(base_acc)) > 1, "the baseline's repeats differ: their own seeds"
+    _, accuracy = amp.intervals()
+    assert accuracy.n == 3 and accuracy.high > accuracy.low
+    if accuracy.contains(0.0):
+        assert "acc" not in amp.beyond_noise
+    assert "seeds 0..2, one per repeat" in result.header
+
+
+def test_one_seed_says_no_interval(store):
+    from accel.tracking import Tracker
+
+    result = A.run_ablation(tiny("train.epochs=2", "train.epoch_length=2"), ("amp",), 1,
+                            tracker=Tracker(store))
+    assert result.rows[1].beyond_noise == "one seed: no interval"
+    assert "one seed: no interval" in result.markdown()
+
+
+def test_missing_data_exits_2_before_any_experiment_or_run(store, tmp_path):
+    """The paper file's own command without its data: one line, exit 2, and MLflow is left
+    as it was (no experiment, no FAILED parent or combination runs)."""
+    from mlflow.tracking import MlflowClient
+
+    proc = run_cli("ablate", str(PAPER[0]), f"data.root={tmp_path / 'nowhere'}",
+                   "train.epochs=2", "--repeats", "2", "--tracking-uri", store, env=ONE_THREAD)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("accel: error: data.root=") and "Traceback" not in proc.stderr
+    names = {e.name for e in MlflowClient(store).search_experiments()}
+    assert names <= {"Default"}, names
+    assert MlflowClient(store).search_runs(
+        [e.experiment_id for e in MlflowClient(store).search_experiments()]) == []
+
+
+def test_several_files_make_one_grid_with_a_summary_and_a_verdict_per_technique(store,
+                                                                                  tmp_path):
+    """Two experiment files: one grid parent, one ablation under it per file, a summary row
+    per technique with one cell per file, and a verdict line per technique."""
+    from mlflow.tracking import MlflowClient
+
+    files = []
+    for name, model in (("grid-a", "test_resnet"), ("grid-b", "test_vit")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: {name}\nmodel: {{name: {model}}}\n")
+        files.append(str(path))
+    proc = run_cli("ablate", *files, *TINY_OVERRIDES[:1], *TINY_OVERRIDES[2:], "train.epochs=2",
+                   "train.epoch_length=2", "--techniques", "amp,pm", "--repeats", "2",
+                   "--tracking-uri", store, env=ONE_THREAD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = proc.stdout.split("## the grid")[1]
+    amp = next(line for line in summary.splitlines() if line.startswith("| amp |"))
+    assert amp.count("x [") == 2, amp  # a speed-up with its interval for each file
+    assert "- **pm**: not applicable here (n/a on cpu" in summary
+    assert "- **amp**: " in summary
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("ablation-grid").experiment_id],
+                              max_results=200)
+    (grid,) = [r for r in runs if r.data.tags.get("accel.role") == "ablation-grid"]
+    ablations = [r for r in runs if r.data.tags.get("accel.role") == "ablation"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in ablations} == {grid.info.run_id}
+    assert sorted(r.info.run_name.split(":")[0] for r in ablations) == ["grid-a", "grid-b"]
+    assert grid.info.status == "FINISHED"
+    assert "grid.md" in {a.path for a in client.list_artifacts(grid.info.run_id)}
+    assert "browse: " in proc.stdout and "/grid.md" in proc.stdout
 
 
 def test_the_parent_run_never_logs_the_store_url_or_its_password(store):

@@ -58,7 +58,9 @@ def test_auto_trains_in_what_the_probe_found_faster_and_reproduce_keeps_it(
     assert run.data.metrics["amp_probe_fp32_s"] == times["fp32"]
     assert run.data.metrics["amp_probe_bf16_s"] == times["bf16"]
     [entry] = json.loads((cache_dir / "amp_probe.json").read_text()).values()
-    assert entry == {"choice": outcome, "fp32_s": times["fp32"], "bf16_s": times["bf16"]}
+    assert entry == {"choice": outcome, "fp32_s": times["fp32"], "bf16_s": times["bf16"],
+                     "margin": amp_probe.MARGIN}
+    assert run.data.metrics["amp_probe_margin"] == amp_probe.MARGIN
 
     # Here and now the probe would choose the other: the rerun still trains in the original's.
     (cache_dir / "amp_probe.json").unlink()
@@ -104,7 +106,9 @@ def test_the_probe_times_both_precisions_and_leaves_the_run_as_it_was():
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
     times = amp_probe.probe(model, cfg, torch.device("cpu"), (16, 1, 16, 16), 10, rounds=1)
-    assert set(times) == {"fp32", "bf16"} and all(t > 0 for t in times.values())
+    decisive = set(times) == {"fp32", "bf16"}  # the warm steps answered
+    assert decisive or set(times) == {"fp32", "bf16", "spread"}
+    assert all(times[k] > 0 for k in ("fp32", "bf16"))
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     assert torch.equal(torch.get_rng_state(), rng)
 
@@ -134,7 +138,8 @@ def test_a_decisive_gap_after_warm_up_answers_without_the_rounds(
     monkeypatch.setattr(amp_probe, "_step", step_of)
     monkeypatch.setattr(amp_probe, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     times = amp_probe.probe(None, None, torch.device("cpu"), (8, 3, 8, 8), 10)
-    assert times == pytest.approx(cost)
+    assert {k: times[k] for k in cost} == pytest.approx(cost)
+    assert times.get("spread", 0.0) == pytest.approx(0.0)  # steps of fixed cost
     per_round = max(amp_probe.STEPS_PER_ROUND,
                     math.ceil(amp_probe.ROUND_S / max(fp32_s, bf16_s)))
     steps = amp_probe.WARMUP_STEPS + (amp_probe.ROUNDS * per_round if rounds_run else 0)
@@ -172,3 +177,24 @@ def test_resume_trains_in_the_precision_the_run_chose(tmp_path, cache_dir):
     out = run_cli("resume", run_id, "--tracking-uri", store, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert curves(store, run_id) == curves(ref_store, only_run(ref_store))
+
+
+@pytest.mark.parametrize("fp32_s, bf16_s, spread, choice", [
+    (0.9712, 0.9449, 0.0, "off"),  # bf16 2.7% faster: within the 5% margin, fp32 stays
+    (1.000, 0.900, 0.0, "bf16"),  # 10% faster: beyond it
+    (1.000, 0.900, 0.15, "off"),  # 10% faster, but the rounds themselves spread by 15%
+    (1.000, 0.800, 0.15, "bf16")])  # 20% faster, beyond that spread
+def test_auto_switches_to_bf16_only_beyond_the_margin_and_the_probes_own_spread(
+        monkeypatch, fp32_s, bf16_s, spread, choice):
+    """Forced timings: a gap within `MARGIN` or within the spread of the probe's own rounds
+    keeps fp32; the margin is logged with the timings."""
+    def probe(model, cfg, device, shape, classes, rounds=amp_probe.ROUNDS):
+        return {"fp32": fp32_s, "bf16": bf16_s, "spread": spread}
+
+    monkeypatch.setattr(amp_probe, "probe", probe)
+    cfg = config.load(None, AUTO)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 10))
+    decision = amp_probe.decide("auto", torch.device("cpu"), model, cfg, (8, 3, 8, 8), 10)
+    assert decision.mode == choice
+    assert decision.metrics()["amp_probe_margin"] == max(amp_probe.MARGIN, spread)
+    assert "margin" in decision.line()

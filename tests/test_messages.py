@@ -150,3 +150,32 @@ def test_a_notice_during_a_study_comes_after_the_trial_lines_not_between_them(tm
     assert notices and len(trials) == 2, proc.stderr
     assert min(notices) > max(trials), proc.stderr
     assert len({lines[i] for i in notices}) == len(notices), proc.stderr  # each said once
+
+
+def test_the_few_updates_notice_counts_a_short_last_window_as_an_update():
+    """1438 images at batch 64 are 22 micro-batches; with 4 to an update the epoch makes 6
+    updates (the last window of 2 micro-batches is flushed), as the run logs, not 5."""
+    from types import SimpleNamespace
+
+    from accel.train.parts import few_updates
+
+    loader = SimpleNamespace(dataset=range(1438), batch_size=64, drop_last=True)
+    assert few_updates(loader, 4, 22).startswith("an epoch is 6 update(s) (1438 training")
+    assert few_updates(loader, 1, 22) is None  # 22 updates: not few
+
+
+def test_a_named_study_is_not_told_that_its_runs_go_under_the_data_name(tmp_path):
+    """`accel tune FILE data.root=OTHER --study NAME`: the runs go under NAME, and no note
+    claims they go under `<file's name>-<data>`."""
+    from tests.conftest import cli_main
+
+    root = make_imagefolder(tmp_path / "folder", side=8, classes=2,
+                            per_class={"train": 6, "test": 2})
+    flags = ["--storage", str(tmp_path / "optuna.journal"),
+             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    code, _, err = cli_main("tune", *TINY_OVERRIDES, "data.dataset=imagefolder",
+                            f"data.root={root}", "data.val_fraction=0.25", "train.epochs=1",
+                            "--study", "named", "--n-trials", "1", *flags)
+    assert code == 0, err[-2000:]
+    assert "go under the name" not in err, err[-2000:]
+    assert "study named:" in err

@@ -354,3 +354,41 @@ def test_sigterm_while_evaluating_ends_the_evaluation_run_killed(study, tmp_path
         lambda: poll(evaluating, "the evaluation run"), signal.SIGTERM)
     assert code == 143, err
     assert c.get_run(run_id).info.status == "KILLED"
+
+
+def test_a_chance_level_study_is_said_and_not_registered_without_force(tmp_path):
+    """Every trial at a learning rate that learns nothing (digits: 10 classes): `accel tune`'s
+    last line and `accel best` say the best value is within noise of chance; `--register`
+    refuses with one line (exit 2) and registers nothing, unless `--force`."""
+    from tests.conftest import TINY_OVERRIDES
+
+    exp = tmp_path / "flat.yaml"
+    exp.write_text(yaml.safe_dump({"search": {"pruner": "none", "space": {
+        "train.lr": {"type": "float", "low": 1.0e-9, "high": 2.0e-9}}}}))
+    store = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    where = ["--storage", str(tmp_path / "optuna.journal"), "--tracking-uri", store]
+    tiny = [*TINY_OVERRIDES, "tracking.system_metrics=false"]
+    tune = run_in_process("tune", str(exp), *tiny, "--study", "flat", "--n-trials", "2", *where)
+    assert tune.returncode == 0, tune.stderr[-2000:]
+    said = "is within noise of chance for 10 classes"
+    assert said in tune.stderr.strip().splitlines()[-1], tune.stderr[-1000:]
+    best = run_in_process("best", "--study", "flat", *where)
+    assert best.returncode == 0 and said in best.stderr, best.stderr[-1000:]
+    refused = run_in_process("best", "--study", "flat", "--register", "flat", *where)
+    assert refused.returncode == 2, refused.stderr[-1000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("accel: error: study flat: not registering trial ") and "--force" in last
+    assert client(store).search_registered_models() == []
+    forced = run_in_process("best", "--study", "flat", "--register", "flat", "--force", *where)
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert "registered: models:/flat@champion" in forced.stdout
+
+
+def test_chance_level_rests_on_the_validation_size():
+    from accel.tune.chance import chance_level
+
+    assert chance_level("val_accuracy", 0.14, 10, 360)  # 0.1 + 3 x 0.0158
+    assert chance_level("val_accuracy", 0.16, 10, 360) is None
+    assert chance_level("val_accuracy", 0.16, 10, 100)  # fewer images: wider noise
+    assert chance_level("val_loss", 2.3, 10, 360) is None  # not an accuracy
+    assert chance_level("val_f1", 0.05, None, 360) is None  # classes unknown

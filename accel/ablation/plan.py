@@ -16,7 +16,9 @@ switch means on this device for this config, and the order the runs go in.
         (`train.nproc_per_node`, accel.train.launch); off, one GPU. With fewer than two GPUs
         its combinations are n/a, with a line that says so.
 
-Every combination trains with the same data, seed, epochs and effective batch size.
+Within a repeat every combination trains with the same data, seed, epochs and effective batch
+size; each repeat has a seed of its own (repeat r: `train.seed` + r - 1), so the accuracy
+differences between combinations carry real seed-to-seed variation, and are paired by repeat.
 """
 
 from __future__ import annotations
@@ -177,6 +179,11 @@ def combination_config(base: Config, combo: Combination, plan: AblationPlan) -> 
     cfg.tracking.log_checkpoint = False  # 2^k x R weight files would measure nothing
     cfg.tracking.system_metrics = False  # a sampling thread would share the cores it times
     return cfg
+
+
+def repeat_seed(base: Config, repeat: int) -> int:
+    """The seed of repeat `repeat` (0-based), the same for every combination."""
+    return base.train.seed + repeat
 
 
 def schedule(combos: list[Combination], repeats: int) -> list[tuple[int, Combination]]:

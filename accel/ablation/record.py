@@ -11,6 +11,7 @@ from dataclasses import dataclass
 class RunRecord:
     combination: str
     repeat: int
+    seed: int = 0  # train.seed: repeat r of every combination trains with the same one
     run_id: str | None = None
     ok: bool = False
     error: str | None = None
@@ -22,6 +23,7 @@ class RunRecord:
     val_accuracy: float = math.nan
     time_to_target_s: float = math.nan  # training seconds until train.target; nan: not reached
     epochs_to_target: float = math.nan
+    train_s: float = 0.0  # the epochs' training seconds (evaluation excluded)
 
 
 def record_from_history(record: RunRecord, history: list[dict[str, float]],
@@ -33,6 +35,7 @@ def record_from_history(record: RunRecord, history: list[dict[str, float]],
     times = [h["epoch_time_s"] for h in history]
     steady = history[1:] or history  # one epoch: no steady state apart from warm-up
     record.epochs = len(history)
+    record.train_s = sum(times)
     record.first_epoch_s = times[0]
     record.steady_epoch_s = statistics.median(h["epoch_time_s"] for h in steady)
     record.throughput = statistics.median(h["train_throughput"] for h in steady)

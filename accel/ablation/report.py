@@ -7,6 +7,7 @@ import csv
 import io
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 
 from accel.ablation.plan import BASELINE, AblationPlan, Combination, not_applicable
@@ -60,24 +61,39 @@ class Row:
         return statistics.median(self.speedups), min(self.speedups), max(self.speedups)
 
     def intervals(self):
-        """95% bootstrap intervals (accel.verify.stats) of the mean speed-up and of the mean
-        accuracy difference to the baseline, both paired by repeat; None below two repeats."""
-        from accel.verify.stats import mean_interval
+        """95% Student-t intervals (accel.verify.stats) of the mean speed-up and of the mean
+        accuracy difference to the baseline, both paired by repeat (each repeat its own seed);
+        None below two repeats."""
+        from accel.verify.stats import t_interval
 
         if len(self.speedups) < 2 or self.combo.name == BASELINE:
             return None, None
-        accuracy = mean_interval(self.acc_diffs) if len(self.acc_diffs) >= 2 else None
-        return mean_interval(self.speedups), accuracy
+        accuracy = t_interval(self.acc_diffs) if len(self.acc_diffs) >= 2 else None
+        return t_interval(self.speedups), accuracy
+
+    @property
+    def faster(self) -> bool | None:
+        """True / False where the speed-up's interval excludes 1; None where it cannot say."""
+        speed, _ = self.intervals()
+        return None if speed is None or not speed.excludes(1.0) else speed.low > 1
+
+    @property
+    def more_accurate(self) -> bool | None:
+        """True / False where the accuracy difference's interval excludes 0; None otherwise."""
+        _, accuracy = self.intervals()
+        return None if accuracy is None or not accuracy.excludes(0.0) else accuracy.low > 0
 
     @property
     def beyond_noise(self) -> str:
-        """What the intervals exclude: a speed-up of 1 (faster / slower), no accuracy change."""
-        speed, accuracy = self.intervals()
-        if speed is None:
+        """What the intervals exclude: a speed-up of 1 (faster / slower), no accuracy change.
+        No verdict from one seed, or from an interval that includes the no-change value."""
+        if self.combo.name == BASELINE or not self.speedups:
             return MISSING
-        words = ["faster" if speed.low > 1 else "slower" if speed.high < 1 else "same speed"]
-        if accuracy is not None and not accuracy.contains(0.0):
-            words.append("higher acc" if accuracy.low > 0 else "lower acc")
+        if len(self.speedups) == 1:
+            return "one seed: no interval"
+        words = [{True: "faster", False: "slower", None: "same speed"}[self.faster]]
+        if self.more_accurate is not None:
+            words.append("higher acc" if self.more_accurate else "lower acc")
         return ", ".join(words) if words != ["same speed"] else "no (noise)"
 
 
@@ -123,9 +139,20 @@ def _interval_cells(row: Row) -> list[str]:
     """The speed-up's and the accuracy difference's 95% intervals, and what they exclude."""
     speed, accuracy = row.intervals()
     speed_cell = f"[{speed.low:.2f}, {speed.high:.2f}]" if speed else MISSING
-    acc_cell = (f"{100 * accuracy.mean:+.1f} pp [{100 * accuracy.low:+.1f}, "
-                f"{100 * accuracy.high:+.1f}]" if accuracy else MISSING)
-    return [speed_cell, acc_cell, row.beyond_noise]
+    return [speed_cell, accuracy_cell(row), row.beyond_noise]
+
+
+def accuracy_cell(row: Row) -> str:
+    """'+0.4 pp [-1.2, +2.0]'; one seed: its difference and 'no interval'; no spread: said."""
+    _, accuracy = row.intervals()
+    if accuracy is None:
+        if len(row.acc_diffs) == 1 and row.combo.name != BASELINE:
+            return f"{100 * row.acc_diffs[0]:+.1f} pp (one seed: no interval)"
+        return MISSING
+    if not accuracy.spread:
+        return f"{100 * accuracy.mean:+.1f} pp (no spread over {accuracy.n} seeds: no interval)"
+    return (f"{100 * accuracy.mean:+.1f} pp [{100 * accuracy.low:+.1f}, "
+            f"{100 * accuracy.high:+.1f}]")
 
 
 def target_name(target: dict) -> str:
@@ -199,8 +226,8 @@ def _interval_values(row: Row) -> list[float]:
             *((accuracy.mean, accuracy.low, accuracy.high) if accuracy else (nan, nan, nan))]
 
 
-RUN_FIELDS = ("combination", "repeat", "run_id", "ok", "error", "epochs", "first_epoch_s",
-              "steady_epoch_s", "throughput", "peak_memory_mb", "val_accuracy",
+RUN_FIELDS = ("combination", "repeat", "seed", "run_id", "ok", "error", "epochs",
+              "first_epoch_s", "steady_epoch_s", "throughput", "peak_memory_mb", "val_accuracy",
               "time_to_target_s", "epochs_to_target")
 
 
@@ -247,7 +274,7 @@ def describe_plan(cfg: Config, plan: AblationPlan, repeats: int, device_name: st
     lines = [
         f"ablation of {', '.join(plan.techniques)} on {device_name}: model {cfg.model.name}, "
         f"data {cfg.data.dataset}, {cfg.train.epochs} epochs of {images}, "
-        f"{repeats} repeat(s), seed {cfg.train.seed}",
+        f"{repeats} repeat(s), {seeds_said(cfg.train.seed, repeats)}",
         f"effective batch {plan.effective_batch} in every combination"
         + (f"; ga on = {plan.ga_steps} x {plan.micro_batch(True)}, "
            f"off = 1 x {plan.effective_batch}" if "ga" in plan.techniques else ""),
@@ -272,12 +299,46 @@ def describe_plan(cfg: Config, plan: AblationPlan, repeats: int, device_name: st
                      f"epoch with {target_name(plan.target)}; median over the runs reaching it")
     lines.append("steady s/epoch = median over epochs 2.. (epoch 1 apart: warm-up, compile); "
                  "speed-up = baseline / combination, paired by repeat; spread = min–max; 95% CI = "
-                 "bootstrap interval of the mean over repeats (scipy); beyond noise = what "
-                 "the intervals exclude (a speed-up of 1, no accuracy change)")
+                 "Student-t interval of the mean over repeats (differences paired by seed); "
+                 "beyond noise = what the intervals exclude (a speed-up of 1, no accuracy "
+                 "change): no verdict from one seed or from an interval that includes it")
+    if repeats < 5:
+        lines.append(f"{repeats} repeat(s): an interval from so few is wide, and only large "
+                     "effects clear it; --repeats 5 or more narrows it")
     if cfg.train.epochs < 2:
         lines.append("train.epochs=1: no steady state; the times include warm-up (use >= 2)")
-    lines.append(f"load average at start: {load_average()} (other processes share the CPU)")
+    lines.append(f"at start: {busy_elsewhere()}")
     return "\n".join(lines)
+
+
+def seeds_said(first: int, repeats: int) -> str:
+    if repeats == 1:
+        return f"seed {first} (one seed: no interval)"
+    return (f"seeds {first}..{first + repeats - 1}, one per repeat, the same in every "
+            "combination")
+
+
+def busy_elsewhere(sample_s: float = 0.5) -> str:
+    """How many cores other processes keep busy now (this one sleeps while it samples): a
+    busy machine slows every combination, so the header says it. Not the load average, whose
+    minutes of memory count this command's own earlier work."""
+    import os
+
+    def ticks() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return sum(values), values[3] + values[4]  # all, idle + iowait
+
+    try:
+        total0, idle0 = ticks()
+        time.sleep(sample_s)
+        total1, idle1 = ticks()
+    except (OSError, ValueError, IndexError):
+        return f"load average {load_average()}"
+    cores = os.cpu_count() or 1
+    busy = cores * (1 - (idle1 - idle0) / max(1, total1 - total0))
+    shared = "; other processes share the CPU" if busy >= 0.25 else ""
+    return f"{busy:.1f} of {cores} cores busy with other processes{shared}"
 
 
 def load_average() -> str:

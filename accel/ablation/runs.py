@@ -21,6 +21,7 @@ from accel.ablation.plan import (
     combinations,
     make_plan,
     not_applicable,
+    repeat_seed,
     schedule,
 )
 from accel.ablation.record import RunRecord, record_from_history
@@ -66,7 +67,7 @@ def run_one(cfg: Config, combo: Combination, repeat: int, *, parent_run_id: str 
     from accel.train import train
 
     device = resolve_device(cfg.train.device)
-    record = RunRecord(combo.name, repeat)
+    record = RunRecord(combo.name, repeat, cfg.train.seed)
     if cfg.train.compile != "off":
         import torch
 
@@ -90,9 +91,9 @@ def run_one(cfg: Config, combo: Combination, repeat: int, *, parent_run_id: str 
     return record_from_history(record, result.history, cfg.train.target)
 
 
-def run_ablation(cfg: Config, techniques: tuple[str, ...], repeats: int, *,
-                 tracker=None) -> Ablation:
-    """All runs; with a tracker, the parent (`accel.role=ablation`) and its children are logged."""
+def check_input(cfg: Config, techniques: tuple[str, ...], repeats: int):
+    """(device, plan, combinations) once the repeats, the model, the plan and the data are
+    known good: bad input is the one-line exit 2, before any MLflow run exists."""
     from accel.engine import resolve_device
     from accel.models import check_model_name
 
@@ -101,7 +102,15 @@ def run_ablation(cfg: Config, techniques: tuple[str, ...], repeats: int, *,
     check_model_name(cfg.model.name)
     device = resolve_device(cfg.train.device)
     plan = make_plan(cfg, techniques, device)
-    combos = combinations(techniques)
+    _check_data(cfg, device)
+    return device, plan, combinations(techniques)
+
+
+def run_ablation(cfg: Config, techniques: tuple[str, ...], repeats: int, *,
+                 tracker=None, parent_run_id: str | None = None) -> Ablation:
+    """All runs; with a tracker, the parent (`accel.role=ablation`, a child of `parent_run_id`
+    in a grid) and its children are logged."""
+    device, plan, combos = check_input(cfg, techniques, repeats)
     header = describe_plan(cfg, plan, repeats, device_name(device))
     progress(header)
     experiment = cfg.tracking.experiment or cfg.name
@@ -110,13 +119,15 @@ def run_ablation(cfg: Config, techniques: tuple[str, ...], repeats: int, *,
     try:
         if tracker is not None:
             with deferred_stops():  # the runs are made whole; a stop then ends them KILLED
-                parent = _start_parent(tracker, cfg, plan, repeats, experiment, device)
+                parent = _start_parent(tracker, cfg, plan, repeats, experiment, device,
+                                       parent_run_id)
                 children = {c.name: _start_child(tracker, c, cfg, plan, experiment, parent)
-                            for c in combos}
+                            for c in combos if not not_applicable(c, plan)}
         began = time.perf_counter()
-        _warm_data(cfg, device)
         records = _run_all(cfg, plan, schedule(combos, repeats), tracker, experiment, children)
-        footer = (f"{len(records)} runs in {time.perf_counter() - began:.0f} s; "
+        trained = sum(r.train_s for r in records)
+        footer = (f"{len(records)} runs in {time.perf_counter() - began:.0f} s, {trained:.0f} s "
+                  "of it training epochs (the rest: set-up, evaluation, test split, logging); "
                   f"load average at end: {load_average()}")
         result = Ablation(plan, summarize(combos, records, plan), records, header, repeats,
                           parent, footer)
@@ -132,12 +143,12 @@ def run_ablation(cfg: Config, techniques: tuple[str, ...], repeats: int, *,
             _end_runs(tracker, parent, children, status)
 
 
-def _warm_data(cfg: Config, device) -> None:
-    """Decode an in-memory dataset before the first run, so it is not charged to the baseline."""
-    if (cfg.data.in_memory or cfg.data.on_device) and cfg.data.dataset != "digits":
-        from accel.data import build_data
+def _check_data(cfg: Config, device) -> None:
+    """The data is there and readable (a missing root is the one-line exit 2), before any run
+    is made; an in-memory dataset is decoded now, so it is not charged to the baseline."""
+    from accel.data import build_data
 
-        build_data(cfg, device)
+    build_data(cfg, device).close()
 
 
 def _run_all(cfg: Config, plan: AblationPlan, order: list[tuple[int, Combination]], tracker,
@@ -147,13 +158,14 @@ def _run_all(cfg: Config, plan: AblationPlan, order: list[tuple[int, Combination
     todo = [(r, c) for r, c in order if not not_applicable(c, plan)]
     for i, (r, combo) in enumerate(todo, 1):
         run_cfg = combination_config(cfg, combo, plan)
+        run_cfg.train.seed = repeat_seed(cfg, r)
         if tracker is not None:
             run_cfg.tracking.uri, run_cfg.tracking.experiment = tracker.uri, experiment
         started = time.perf_counter()
         rec = run_one(run_cfg, combo, r, parent_run_id=children.get(combo.name),
                       track=tracker is not None)
         records.append(rec)
-        progress(f"[{i}/{len(todo)}] r{r + 1} {combo.name}: " + (
+        progress(f"[{i}/{len(todo)}] r{r + 1} (seed {rec.seed}) {combo.name}: " + (
             f"{rec.steady_epoch_s:.2f} s/epoch steady, first {rec.first_epoch_s:.2f} s, "
             f"{rec.throughput:.0f} img/s, val_acc {rec.val_accuracy:.3f}"
             if rec.ok else f"FAILED ({rec.error})")
@@ -165,13 +177,15 @@ def _run_all(cfg: Config, plan: AblationPlan, order: list[tuple[int, Combination
 
 
 def _start_parent(tracker, cfg: Config, plan: AblationPlan, repeats: int, experiment: str,
-                  device) -> str:
+                  device, grid_run_id: str | None) -> str:
     from accel.tracking import environment
 
+    name = f"ablation {','.join(plan.techniques)}"
     run_id = tracker.start_run(
-        experiment, f"ablation {','.join(plan.techniques)}",
+        experiment, f"{cfg.name}: {name}" if grid_run_id else name,
         tags={"accel.role": "ablation", "accel.ablation.techniques": ",".join(plan.techniques),
               "accel.ablation.repeats": str(repeats), "accel.device": str(device)},
+        parent_run_id=grid_run_id,
     )
     tracker.log_config(run_id, cfg, {
         "ablation.techniques": ",".join(plan.techniques), "ablation.repeats": repeats,
@@ -205,7 +219,13 @@ def _start_child(tracker, combo: Combination, cfg: Config, plan: AblationPlan, e
 
 def _log_results(tracker, result: Ablation, children: dict[str, str], cfg: Config) -> None:
     parent_metrics = {}
+    skipped = [row.status for row in result.rows if row.na]
+    if skipped:  # a row of the table, not an empty run
+        tracker.set_tags(result.parent_run_id,
+                         {"accel.ablation.not_applicable": "; ".join(skipped)[:5000]})
     for row in result.rows:
+        if row.na:
+            continue
         run_id = children[row.combo.name]
         med, lo, hi = row.speedup
         tags = {"accel.ablation.status": row.short_status}

@@ -198,4 +198,8 @@ def describe(result: Result) -> str:
         shown = {**shown, "best_epoch": result.best_epoch,
                  f"best_{result.metric}": result.best[result.metric]}
     parts = " ".join(f"{k}={v:.4g}" for k, v in shown.items() if math.isfinite(v))
-    return f"run {result.run_id}: {result.epochs} epochs in {result.wall_time_s:.1f}s  {parts}"
+    trained = sum(row["epoch_time_s"] for row in result.history)
+    outside = max(0.0, result.wall_time_s - trained)
+    return (f"run {result.run_id}: {result.epochs} epochs in {result.wall_time_s:.1f}s "
+            f"({trained:.1f} s training, {outside:.1f} s outside it: set-up, evaluation, test "
+            f"split, logging)  {parts}")

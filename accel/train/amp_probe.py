@@ -4,7 +4,8 @@ On CUDA: bf16 where the GPU has it, else fp16 with loss scaling. On a CPU whethe
 depends on the CPU and the model (1.75x on a Zen 5 EPYC, 2.97x on a Xeon with AMX, 0.87x on an
 older EPYC, slower than fp32 on a Xeon with avx512_bf16 and no AMX visible: docs/results.md), so
 a probe times this model's update step at this batch size in bf16 and in fp32 (copies of the
-model, a batch of random images, a few seconds) and the faster wins; two warm steps decide alone
+model, a batch of random images, a few seconds); bf16 wins only by a margin (`MARGIN`, or the
+probe's own spread where that is larger), else fp32 stays; two warm steps decide alone
 where one takes twice the other's (bf16 without bf16 instructions, AVX2 only). The answer is
 cached per CPU model, torch version, thread count, model and batch shape (`amp_probe.json` under
 $ACCEL_CACHE_DIR, else ~/.cache/accel): a study pays the probe once. The run logs the decision
@@ -34,6 +35,10 @@ ROUND_S = 0.2
 # it, and on a CPU without bf16 instructions (AVX2 only) bf16 steps take 15x fp32's, so that
 # 6 more of them would cost minutes.
 DECISIVE = 2.0
+# bf16 is chosen only where it beats fp32 by MARGIN (5%) and by more than the probe's own
+# round-to-round spread: a 2.7% gap between two timings of one noisy machine is no reason to
+# train in a lower precision.
+MARGIN = 0.05
 DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -46,6 +51,7 @@ class AmpDecision:
     how: str  # asked (train.amp names it), cuda, measured, cached, replayed
     fp32_s: float | None = None  # seconds per update in the probe
     bf16_s: float | None = None
+    margin: float | None = None  # the relative gain bf16 had to beat (MARGIN or the spread)
 
     @property
     def mode(self) -> str:
@@ -55,14 +61,20 @@ class AmpDecision:
         return {"accel.amp_auto": self.mode, "accel.amp_probe": self.how}
 
     def metrics(self) -> dict[str, float]:
-        return ({"amp_probe_fp32_s": self.fp32_s, "amp_probe_bf16_s": self.bf16_s}
-                if self.fp32_s is not None and self.bf16_s is not None else {})
+        if self.fp32_s is None or self.bf16_s is None:
+            return {}
+        margin = {"amp_probe_margin": self.margin} if self.margin is not None else {}
+        return {"amp_probe_fp32_s": self.fp32_s, "amp_probe_bf16_s": self.bf16_s, **margin}
 
     def line(self) -> str:
         said = f"train.amp=auto: {self.mode} ({self.how}"
         if self.fp32_s is not None and self.bf16_s is not None:
             said += (f": {self.bf16_s * 1000:.1f} ms an update in bf16, "
                      f"{self.fp32_s * 1000:.1f} ms in fp32")
+            if self.margin is not None:
+                gain = 1 - self.bf16_s / self.fp32_s
+                said += (f"; bf16 {100 * gain:+.1f}% against a {100 * self.margin:.1f}% "
+                         "margin")
         return said + ")"
 
 
@@ -82,18 +94,27 @@ def decide(mode: str, device: torch.device, model: torch.nn.Module, cfg, shape: 
     cached = read_cache().get(key)
     if cached is not None:
         return AmpDecision(DTYPES[cached["choice"]], "cached", cached["fp32_s"],
-                           cached["bf16_s"])
+                           cached["bf16_s"], cached.get("margin"))
     times = probe(model, cfg, device, shape, classes)
-    choice = "bf16" if times["bf16"] < times["fp32"] else "off"
-    write_cache(key, {"choice": choice, "fp32_s": times["fp32"], "bf16_s": times["bf16"]})
-    return AmpDecision(DTYPES[choice], "measured", times["fp32"], times["bf16"])
+    choice, margin = choose(times)
+    write_cache(key, {"choice": choice, "fp32_s": times["fp32"], "bf16_s": times["bf16"],
+                      "margin": margin})
+    return AmpDecision(DTYPES[choice], "measured", times["fp32"], times["bf16"], margin)
+
+
+def choose(times: dict[str, float]) -> tuple[str, float]:
+    """("bf16" or "off", the margin bf16 had to beat): bf16 where its update is shorter than
+    fp32's by MARGIN and by the probe's own spread (`times["spread"]`, where rounds ran)."""
+    margin = max(MARGIN, times.get("spread", 0.0))
+    return ("bf16" if times["bf16"] < (1 - margin) * times["fp32"] else "off"), margin
 
 
 def probe(model: torch.nn.Module, cfg, device: torch.device, shape: tuple[int, ...],
           classes: int, rounds: int = ROUNDS) -> dict[str, float]:
     """Median seconds per update of copies of `model` in fp32 and in bf16 autocast, on random
-    batches of `shape`; the process's random states are left as they were. Where one warm
-    step is DECISIVE times the other's, those two steps are the answer."""
+    batches of `shape`, and ("spread") the larger relative range of the rounds' timings; the
+    process's random states are left as they were. Where one warm step is DECISIVE times the
+    other's, those two steps are the answer."""
     from accel.train.checkpoint import kept_random_states
 
     with kept_random_states():
@@ -110,7 +131,9 @@ def probe(model: torch.nn.Module, cfg, device: torch.device, shape: tuple[int, .
                 for _ in range(n):
                     step()
                 times[name].append((time.perf_counter() - start) / n)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    spread = max((max(ts) - min(ts)) / medians[name] for name, ts in times.items())
+    return {**medians, "spread": spread}
 
 
 def _warm_up(step) -> float:

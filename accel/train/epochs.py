@@ -38,14 +38,8 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         from optuna_integration import PyTorchIgnitePruningHandler
 
         pruning = PyTorchIgnitePruningHandler(trial, metric.removeprefix("val_"), trainer)
-    bar = sys.stderr.isatty() and ranks.rank() == 0
     # One line an epoch with the bar, and for a lone run into a log (a trial says one line)
-    verbose = ranks.rank() == 0 and (bar or trial is None)
-    if bar:
-        from ignite.handlers import ProgressBar
-
-        ProgressBar(persist=False).attach(trainer,
-                                          output_transform=lambda out: {"loss": out["loss"]})
+    verbose = ranks.rank() == 0 and (_progress_bar(trainer) or trial is None)
     if trial is not None:  # a trial failed meanwhile as stale stops at its next update
         trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda _: lease.check())
     clock = {"t0": 0.0}
@@ -90,6 +84,16 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
                 trainer.terminate()  # the run ends FINISHED after this epoch
                 return
         prune(pruning, parts.evaluator)
+
+
+def _progress_bar(trainer) -> bool:
+    """Ignite's bar on a terminal (rank 0); whether there is one."""
+    if not (sys.stderr.isatty() and ranks.rank() == 0):
+        return False
+    from ignite.handlers import ProgressBar
+
+    ProgressBar(persist=False).attach(trainer, output_transform=lambda out: {"loss": out["loss"]})
+    return True
 
 
 def prune(pruning, evaluator) -> None:

@@ -175,7 +175,7 @@ def few_updates(loader, accumulation_steps: int, epoch_length: int) -> str | Non
     """A notice when an epoch is only a few updates (a small data set at the default batch
     size): the schedule and the per-epoch metrics then move in large steps. It says what the
     last partial batch becomes."""
-    updates = epoch_length // accumulation_steps
+    updates = -(-epoch_length // accumulation_steps)  # a short last window is an update too
     if updates >= FEW_UPDATES:
         return None
     n, b = len(loader.dataset), loader.batch_size

@@ -180,6 +180,7 @@ def _log_recipe(run: RunLog, parts: Parts) -> None:
         "resolved.amp": amp,
         "resolved.num_classes": parts.data.num_classes,
         "resolved.train_size": len(parts.data.train.dataset),
+        "resolved.val_size": len(parts.data.val.dataset),  # what chance-level noise rests on
         "resolved.img_size": parts.data.img_size,
         "resolved.in_chans": parts.data.in_chans,
         "resolved.threads": torch.get_num_threads(),  # OpenMP settings: environment.json

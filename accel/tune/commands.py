@@ -13,8 +13,9 @@ from accel.console import note, program, progress, quiet_libraries, warn
 from accel.errors import one_line
 from accel.tracking import retry_locked, tracker_for
 from accel.tracking.store import browse_hint
-from accel.tune import pareto, warm
+from accel.tune import chance, pareto, warm
 from accel.tune import tracking as st
+from accel.tune.best_view import best_lines, print_front
 from accel.tune.nodes import NodeLease, end_lease, finish_abandoned_parent, live_nodes
 from accel.tune.space import check_search
 from accel.tune.storage import default_storage, is_journal, open_storage
@@ -174,7 +175,17 @@ def _run_node(study, job: TuneJob, n_trials: int) -> int:
             return run_workers(job, n_trials, study, tracker) if n_trials else 0
         finally:
             signals.ignore_stops()  # let the clean-up finish
-            clean_up(study, tracker, job.invocation)
+            _clean_up(study, tracker, job.invocation)
+
+
+def _clean_up(study, tracker, invocation: str) -> None:
+    """This invocation's unfinished trials closed; a store away (a stop ends the wait for it)
+    leaves them to the next invocation or `accel best`, with a warning, not a traceback."""
+    try:
+        clean_up(study, tracker, invocation)
+    except Exception as e:
+        warn(f"this invocation's unfinished trials could not be closed now ({one_line(e)}); "
+             "the next `accel tune` or `accel best` on the study closes them")
 
 
 def _close_left_running(study, tracker) -> None:
@@ -228,6 +239,10 @@ def summary(study, job: TuneJob) -> str:
     best = st.best_trial(study)
     best_text = (f"best {job.cfg.search.metric}={best.value:.4f} (trial {best.number})"
                  if best else "no complete trial yet")
+    if best is not None and (at_chance := chance.of_run(
+            tracker_for(job.tracking_uri), best.user_attrs.get(st.ATTR_RUN),
+            job.cfg.search.metric, best.value)):
+        best_text += f" (warning: {at_chance})"
     if pareto.is_multi(study):
         best_text = f"Pareto front: {len(pareto.front(study))} trial(s)"
     return (f"study {job.study}: this run {len(mine)} trial(s) ({counts['COMPLETE']} complete, "
@@ -286,8 +301,9 @@ def cli_best(args) -> int:
         return 1
     reproduce = _reproduce_command(tracker_for(uri), name, uri)
     command, run_id = reproduce(best)
+    at_chance = _at_chance(study, best, metric, tracker_for(uri), run_id, args)
     if pareto.is_multi(study) and not (args.pick or args.brief):
-        _print_front(study, counts, reproduce, _storage_flag(args.storage or default_storage()))
+        print_front(study, counts, reproduce, _storage_flag(args.storage or default_storage()))
         return 0
     experiment = tracker_for(uri).client.get_experiment_by_name(name)
     browse = f"browse: {browse_hint(uri, experiment.experiment_id)}" if experiment else None
@@ -296,28 +312,47 @@ def cli_best(args) -> int:
                  f"{_value(study, best, metric):.4g} (trial {best.number})", browse,
                  f"reproduce: {command}"]
     else:
-        lines = _best_lines(name, states, counts, best, metric, _value(study, best, metric),
+        lines = best_lines(name, states, counts, best, metric, _value(study, best, metric),
                             run_id, uri, command) + [browse]
         if verification is not None:
             lines += verified_lines(tracker_for(uri), verification)
     print("\n".join(line for line in lines if line))
+    if at_chance:
+        warn(at_chance)
     if args.register:
-        from accel import registry
-
-        tracker = tracker_for(uri)
-        done = registry.register(tracker, run_id, args.register, args.alias, tags={
-            "accel.study": name, "optuna.trial_number": str(best.number),
-            "accel.metric": metric, "accel.value": f"{_value(study, best, metric):.6g}",
-            **({"accel.verify_run": verification.info.run_id} if args.verified else {})})
-        if args.verified:
-            print(f"registered trial {best.number}, the verified best (accel verify run "
-                  f"{verification.info.run_id}), with the weights of its own tuning run "
-                  f"{run_id} (checkpoint/best.pt)")
-        print(f"registered: models:/{done.name}@{done.alias} (version {done.version}, "
-              f"{done.serialization}); evaluate: {program()} evaluate "
-              f"models:/{done.name}@{done.alias}"
-              + (f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""))
+        _register(args, tracker_for(uri), study, best, metric, run_id, verification, uri)
     return 0
+
+
+def _register(args, tracker, study, best, metric: str, run_id: str, verification,
+              uri: str) -> None:
+    """`--register`: the trial's weights as a new version of the model, the alias moved."""
+    from accel import registry
+
+    done = registry.register(tracker, run_id, args.register, args.alias, tags={
+        "accel.study": study.study_name, "optuna.trial_number": str(best.number),
+        "accel.metric": metric, "accel.value": f"{_value(study, best, metric):.6g}",
+        **({"accel.verify_run": verification.info.run_id} if args.verified else {})})
+    if args.verified:
+        print(f"registered trial {best.number}, the verified best (accel verify run "
+              f"{verification.info.run_id}), with the weights of its own tuning run "
+              f"{run_id} (checkpoint/best.pt)")
+    print(f"registered: models:/{done.name}@{done.alias} (version {done.version}, "
+          f"{done.serialization}); evaluate: {program()} evaluate "
+          f"models:/{done.name}@{done.alias}"
+          + (f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""))
+
+
+def _at_chance(study, best, metric: str, tracker, run_id: str, args) -> str | None:
+    """Why the best value is within noise of chance (accel.tune.chance), or None; with
+    --register and no --force, such a trial is refused (exit 2)."""
+    if pareto.is_multi(study):
+        return None
+    said = chance.of_run(tracker, run_id, metric, _value(study, best, metric))
+    if said and args.register and not args.force:
+        raise ConfigError(f"study {study.study_name}: not registering trial {best.number}: "
+                          f"{said}; add --force to register it anyway")
+    return said
 
 
 def _verification(study, tracker, args):
@@ -362,36 +397,3 @@ def _reproduce_command(tracker, name: str, uri: str):
         return f"{program()} reproduce {run_id}{flag}", run_id
 
     return command
-
-
-def _print_front(study, counts: str, reproduce, storage_flag: str) -> None:
-    front = pareto.front(study)
-    objectives = ", ".join(f"{n} ({d.name.lower()})" for n, d in
-                           zip(pareto.objective_names(study), study.directions, strict=True))
-    print(f"study: {study.study_name} ({len(study.trials)} trials: {counts})")
-    print(f"Pareto front over {objectives}: {len(front)} trial(s)")
-    for t in front:
-        command, run_id = reproduce(t)
-        print(f"  trial {t.number}: {pareto.describe(study, t.values)}  run {run_id}  "
-              f"reproduce: {command}")
-    print(f"pick one (the front's best on a metric): {program()} best --study {study.study_name}"
-          f"{storage_flag} --pick {'|'.join(pareto.objective_names(study))}")
-
-
-def _best_lines(name, states, counts, best, metric, value, run_id, uri, command) -> list[str]:
-    lines = [f"study: {name} ({len(states)} trials: {counts})",
-             f"best trial: {best.number}",
-             f"{metric}: {value:.6g}",
-             "params:"]
-    lines += [f"  {k}: {_show(v)}" for k, v in best.params.items()]
-    lines += [f"mlflow run: {run_id} (experiment {name}, {redact(uri)})",
-              f"reproduce: {command}"]
-    return lines
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)

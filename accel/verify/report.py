@@ -57,7 +57,7 @@ def verdict(summary: stats.Summary, candidates: list[Candidate], metric: str) ->
         return f"{first}; the file's own values (trial {number}) are the best"
     diff = stats.difference(summary, w, base)
     k, unit, d = _scale(metric)
-    if diff.low > 0:
+    if diff.excludes(0.0) and diff.low > 0:
         return (f"{first}; beats the file's values by {k * diff.mean:+.{d}f}{unit} "
                 f"[{k * diff.low:.{d}f}, {k * diff.high:.{d}f}]")
     subject = "none beats" if group else f"trial {number} does not beat"
@@ -87,10 +87,13 @@ def single(study: str, metric: str, candidates: list[Candidate], seeds: list[int
                      f"[{ci.low:.4f}, {ci.high:.4f}]", f"{shrinkage:+.4f}", f"{p:.2f}"])
     text, md = _table(head, rows)
     title = (f"study {study}: {metric}, {len(candidates)} trial(s) rerun with seeds "
-             f"{', '.join(map(str, seeds))}; 95% paired bootstrap intervals over seeds; "
-             "shrinkage = tuned - mean")
+             f"{', '.join(map(str, seeds))}; 95% Student-t intervals over seeds (differences "
+             "paired by seed); shrinkage = tuned - mean")
     w = summary.winner
-    return Report("\n".join([title, *text, line]), md, line,
+    caution = stats.few_seeds(len(seeds))
+    title += f"; {caution}" if caution else ""
+    return Report("\n".join([title, *text, line]), md + (f"\n\n{caution}" if caution else ""),
+                  line,
                   to_csv(candidates, seeds, values[:, None, :], [metric]),
                   summary.trials[w], summary.p_best[w])
 
@@ -116,9 +119,13 @@ def front(study: str, objectives: list[tuple[str, str]], candidates: list[Candid
             if stable else "no trial stays on the front in most resamples")
     line += f"; not reliably: {', '.join(shaky)}" if shaky else ""
     title = (f"study {study}: Pareto front over {', '.join(names)}, {len(candidates)} trial(s) "
-             f"rerun with seeds {', '.join(map(str, seeds))}; 95% paired bootstrap intervals")
+             f"rerun with seeds {', '.join(map(str, seeds))}; 95% Student-t intervals over "
+             "seeds; p(non-dominated) over seeds resampled together")
     best = int(np.argmax(p_front))
-    return Report("\n".join([title, *text, line]), md, line,
+    caution = stats.few_seeds(len(seeds))
+    title += f"; {caution}" if caution else ""
+    return Report("\n".join([title, *text, line]), md + (f"\n\n{caution}" if caution else ""),
+                  line,
                   to_csv(candidates, seeds, values, names), candidates[best].number,
                   p_front[best])
 
