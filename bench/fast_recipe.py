@@ -7,7 +7,7 @@
    budget (`--epochs`, `--train-limit`), over `--rounds` seeds (round r trains with seed + r: its
    own split, initialisation and order; the variants of a round in alternating order). Per
    variant: the test accuracy's mean and range, and its difference to the recipe, paired by seed,
-   with a 95% bootstrap interval (`accel.verify.stats.paired_difference`, as `accel verify`);
+   with a 95% Student-t interval (`accel.verify.stats.paired_difference`, as `accel verify`);
    "beyond noise" says whether the interval excludes 0. Few seeds give a coarse interval.
 
     python -m accel.shared_data                 # the shared CIFAR-10, extracted once

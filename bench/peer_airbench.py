@@ -6,7 +6,7 @@ smoothing, BatchNorm, whitening bias held after 3 epochs), on the same JPEG CIFA
 training images, scored on the 10,000 test images, both with multi-crop TTA), seed by seed.
 
 Per seed: each side's test accuracy and training seconds; then the mean difference accel -
-airbench94 with its paired 95% bootstrap interval (accel.verify.stats). What stays different
+airbench94 with its paired 95% Student-t interval (accel.verify.stats). What stays different
 between the two is listed in bench/gpu/peer.py and printed with the table.
 
     make gpu-wheels                                  # builds the airbench wheel into .gpu/wheels
