@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -125,6 +126,11 @@ class TrainConfig:
     # max-autotune (kernels chosen by timing, minutes of compiling); true = default, false = off
     compile: str = "off"
     deterministic: bool = False
+    # TF32 for CUDA matmuls and cuDNN convolutions (fp32 range, 10-bit mantissa: several times
+    # fp32's tensor-core throughput on Ampere and later, precision training tolerates; PyTorch's
+    # own defaults set cuDNN's on and matmul's off). Recorded in environment.json. No effect
+    # on a CPU, nor under bf16/fp16 autocast for the ops autocast lowers
+    tf32: bool = True
     epoch_length: int | None = None  # micro-batches per epoch; None = the whole training set
     # seconds of training (evaluation excluded): the schedule, laid over `epochs` above, is
     # stretched or shrunk to the updates that fit, measured as the run goes (accel.train.budget)
@@ -255,6 +261,8 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
 def from_dict(data: dict[str, Any]) -> Config:
     cfg = _build(Config, data)
     validate(cfg)
+    if cfg.train.deterministic:  # before the process's first cuBLAS call, which fixes it
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     return cfg
 
 
@@ -308,6 +316,8 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
         follow_the_data(cfg, data_before[0], keys, path)
         name_for_the_data(cfg, data_before, keys, path)
     validate(cfg)
+    if cfg.train.deterministic:  # before the process's first cuBLAS call, which fixes it
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     return cfg
 
 

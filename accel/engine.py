@@ -47,10 +47,25 @@ def resolve_amp(mode: str, device: torch.device) -> torch.dtype | None:
     if mode == "fp16":
         return torch.float16
     if device.type == "cuda":  # auto
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if native_bf16() else torch.float16
     # auto on CPU without a probe is fp32; a run's train.amp=auto measures bf16 against fp32
     # (accel.train.amp_probe); train.amp=bf16 asks for bf16 autocast (see guard_cpu_bf16_convs).
     return None
+
+
+def native_bf16() -> bool:
+    """Whether this GPU computes bf16 itself (Ampere and later): torch's default answer counts
+    emulation too (V100, T4), where bf16 is slower than fp16 with loss scaling."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+def set_tf32(on: bool, device: torch.device) -> None:
+    """train.tf32 for matmuls and cuDNN convolutions together (CUDA): TF32 keeps fp32's range
+    with a 10-bit mantissa, several times fp32's tensor-core throughput on Ampere and later.
+    PyTorch's own defaults disagree (cuDNN on, matmul off), so an `amp=off` run would mix them."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
 
 
 def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
@@ -68,10 +83,49 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optim
 
 def moving_average(model: torch.nn.Module, decay: float):
     """An exponential moving average of `model`'s weights and buffers (BatchNorm statistics
-    too), torch's AveragedModel: a copy, updated by `update_parameters(model)`."""
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    too): a copy on the model's device, updated by `update_parameters(model)`."""
+    from torch.optim.swa_utils import get_ema_multi_avg_fn
 
-    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    return MovingAverage(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+
+
+def _averaged_model():
+    from torch.optim.swa_utils import AveragedModel
+
+    return AveragedModel
+
+
+class MovingAverage(_averaged_model()):
+    """torch's AveragedModel (its state_dict, its `module`) with an update that never waits for
+    the device: torch's reads its `n_averaged` counter twice per update and copies it to the
+    device (`.to(device)`: a blocking copy from pageable memory). Here the counter stays a host
+    tensor, bumped in place; whether the first update has happened is a Python flag (set from
+    the counter once, after a checkpoint is loaded)."""
+
+    def update_parameters(self, model: torch.nn.Module) -> None:
+        import itertools
+
+        averaged = list(itertools.chain(self.module.parameters(), self.module.buffers()))
+        current = [p.detach() for p in itertools.chain(model.parameters(), model.buffers())]
+        started = getattr(self, "_started", None)
+        if started is None:  # once per process (a resumed run: the loaded counter says)
+            started = self._started = bool(self.n_averaged.cpu() > 0)
+        with torch.no_grad():
+            if not started:
+                torch._foreach_copy_(averaged, current)
+                self._started = True
+            else:  # the EMA, grouped by dtype as torch groups it (integer buffers apart)
+                groups: dict[torch.dtype, list[int]] = {}
+                for i, p in enumerate(averaged):
+                    groups.setdefault(p.dtype, []).append(i)
+                for group in groups.values():
+                    self.multi_avg_fn([averaged[i] for i in group], [current[i] for i in group],
+                                      None)
+        self.n_averaged.add_(1)
+
+    def load_state_dict(self, *args, **kwargs):
+        self._started = None  # read the loaded counter again
+        return super().load_state_dict(*args, **kwargs)
 
 
 def _param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:
@@ -199,6 +253,16 @@ class UpdateStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.updates = 0
         self.stats = EpochStats()
+        if scaler is not None:  # know whether the scaler applied an update without asking it
+            self._applied = False
+            inner = optimizer.step
+
+            @functools.wraps(inner)  # keeps the LR scheduler's mark on the step it wrapped
+            def step(*args, **kwargs):
+                self._applied = True
+                return inner(*args, **kwargs)
+
+            optimizer.step = step
 
     def window_of(self, iteration: int, epoch_length: int) -> tuple[int, bool]:
         """(size of the window this micro-batch belongs to, whether it is the window's last)."""
@@ -235,33 +299,36 @@ class UpdateStep:
         return out
 
     def update(self) -> dict[str, torch.Tensor]:
-        """unscale -> clip -> step -> scaler update -> zero_grad -> scheduler, once per window."""
+        """unscale -> clip -> step -> scaler update -> zero_grad -> scheduler, once per window.
+        An update the fp16 scaler skips (inf/NaN gradients) moves nothing else: not the update
+        count, the moving average, the budget or the schedule."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip and report true gradient magnitudes
         max_norm = self.clip_grad_norm if self.clip_grad_norm is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # norm before clipping
-        skipped = False
+        out = {"grad_norm": grad_norm.detach()}
         if self.scaler is not None:
-            scale = self.scaler.get_scale()  # a CPU-GPU sync point, fp16 only
-            self.scaler.step(self.optimizer)  # skipped when the gradients hold inf/NaN
+            # GradScaler.step reads its inf check once (torch's own sync, fp16 only) and calls
+            # optimizer.step only when it is clean: the wrapped step says so, with no read here.
+            self._applied = False
+            self.scaler.step(self.optimizer)
             self.scaler.update()
-            skipped = self.scaler.get_scale() < scale
+            out["loss_scale"] = self.scaler._get_scale_async().detach().clone()  # on the device
+            skipped = not self._applied
         else:
             self.optimizer.step()
+            skipped = False
         self.optimizer.zero_grad(set_to_none=True)
+        if skipped:  # its inf/NaN norm says nothing about the gradients that were applied
+            self.stats.skipped_updates += 1
+            return out
         self.updates += 1  # what follows an update sees it counted
         if self.after_update is not None:
             self.after_update()
         if self.scheduler is not None:
             self.scheduler.step()
-        if skipped:  # its inf/NaN norm says nothing about the gradients that were applied
-            self.stats.skipped_updates += 1
-        else:
-            self.stats.updates += 1
-            self.stats.grad_norm_sum += grad_norm.detach()
-        out = {"grad_norm": grad_norm.detach()}
-        if self.scaler is not None:
-            out["loss_scale"] = torch.tensor(self.scaler.get_scale())
+        self.stats.updates += 1
+        self.stats.grad_norm_sum += grad_norm.detach()
         return out
 
 
@@ -305,29 +372,11 @@ def move_batch(batch, device: torch.device, non_blocking: bool, channels_last: b
     return x, y.to(device, non_blocking=non_blocking)
 
 
-@functools.cache
-def _terminate_on_nan():
-    """One handler per process: each TerminateOnNan adds a logging handler to one shared logger
-    (its warning then repeats once per run made in the process). accel reports the NaN itself,
-    in one line (NonFiniteLoss), so the handler's own warning is dropped."""
-    import logging
-
-    from ignite.handlers import TerminateOnNan
-
-    handler = TerminateOnNan(output_transform=lambda out: out["loss"])
-    handler.logger.handlers.clear()
-    handler.logger.addHandler(logging.NullHandler())
-    handler.logger.propagate = False
-    return handler
-
-
 def create_trainer(step: UpdateStep) -> Engine:
-    """The Ignite engine around `step`, stopping on a NaN/inf loss (checked once per update)."""
+    """The Ignite engine around `step`. No per-update handler reads the loss: a NaN/inf loss
+    is caught at the end of its epoch, where the epoch's summed loss (kept on the device) is
+    read anyway (accel.train.epochs), so the host never waits for the device per update."""
     trainer = Engine(step)
-    trainer.add_event_handler(
-        Events.ITERATION_COMPLETED(event_filter=lambda e, _: "grad_norm" in e.state.output),
-        _terminate_on_nan(),
-    )
 
     @trainer.on(Events.EPOCH_STARTED)
     def _reset_stats(engine: Engine) -> None:

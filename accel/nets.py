@@ -32,6 +32,16 @@ class ConvGroup(nn.Sequential):
         super().__init__(first, nn.MaxPool2d(2, ceil_mode=ceil), bn, act, *conv_bn(c_out, c_out))
 
 
+class GlobalMaxPool(nn.Module):
+    """The maximum over each channel's pixels, [N, C, H, W] -> [N, C, 1, 1]: `amax`, whose
+    backward is elementwise and deterministic on CUDA, where nn.AdaptiveMaxPool2d's is not
+    (train.deterministic=true would raise on it). The same values forward; backward, a tie for
+    the maximum shares the gradient instead of giving it to one pixel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.amax(dim=(-2, -1), keepdim=True)
+
+
 class AccelCNN(nn.Module):
     """`whitened=True`: the input is a whitening layer's output (accel.models.Whitened), which
     takes the stem convolution's place, as in airbench: the stem is only its GELU."""
@@ -47,7 +57,7 @@ class AccelCNN(nn.Module):
             self.stem = nn.Sequential(*conv_bn(in_chans, stem))
         self.groups = nn.Sequential(*(ConvGroup(a, b, ceil)
                                       for a, b in zip((stem, *widths), widths, strict=False)))
-        self.pool = nn.AdaptiveMaxPool2d(1)
+        self.pool = GlobalMaxPool()
         self.drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(widths[-1], num_classes, bias=False)
 

@@ -61,3 +61,62 @@ def test_the_count_leaves_out_the_optimizers_host_counters():
     with syncs.count_reads(CPU) as reads:
         opt.step()
     assert dict(reads) == {}
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
+def test_the_trainer_with_its_handlers_and_the_progress_bar_reads_nothing_more(amp, monkeypatch):
+    """accel's trainer around the step (no per-update NaN check: the epoch's summed loss is
+    checked at its end), with the moving average and the progress bar a terminal gets. fp16
+    keeps exactly one read per update: torch's GradScaler reading its inf check to skip or make
+    the update (the loss scale itself stays on the device)."""
+    import sys
+
+    from accel.train import epochs
+
+    torch.manual_seed(0)
+    step = syncs.make_step(amp, CPU, "test_resnet")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    bars = []
+    reads, _ = syncs.trainer_reads(step, batch(), UPDATES,
+                                   attach=lambda t: bars.append(epochs._progress_bar(t)))
+    assert bars == [True]
+    expected = {"item": UPDATES} if amp == "fp16" else {}
+    assert dict(reads) == expected, f"host reads in {UPDATES} updates: {dict(reads)}"
+
+
+def test_the_moving_average_neither_reads_nor_moves_its_counter_and_matches_torchs():
+    """Its counter stays a host tensor (no `.to(device)` per update, no read), and its weights
+    equal torch's AveragedModel's EMA bit for bit."""
+    import timm
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from accel.engine import moving_average
+
+    torch.manual_seed(0)
+    model = timm.create_model("test_resnet", num_classes=10)
+    ours = moving_average(model, 0.9)
+    theirs = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    moves = []
+    original = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        moves.append(tuple(self.shape))
+        return original(self, *args, **kwargs)
+
+    for i in range(4):
+        model(batch()[0]).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        theirs.update_parameters(model)
+        with syncs.count_reads(CPU) as reads:
+            torch.Tensor.to = to
+            try:
+                ours.update_parameters(model)
+            finally:
+                torch.Tensor.to = original
+        if i:  # after the first update: the steady state
+            assert dict(reads) == {} and moves == [], (dict(reads), moves)
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(),
+                                                 theirs.state_dict().values(), strict=True))
+    assert ours.n_averaged.device.type == "cpu" and int(ours.n_averaged) == 4

@@ -121,6 +121,9 @@ def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
     assert env["torch"] == torch.__version__ and env["seed"] == 0 and "git_commit" in env
     assert isinstance(env["torch_threads"], int) and env["torch_threads"] >= 1
     assert set(env["thread_env"]) >= {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS"}
+    expected_tf32 = ({"matmul": True, "cudnn": True} if torch.cuda.is_available()
+                     else "no CUDA")  # train.tf32 (on by default) where CUDA is present
+    assert env["tf32"] == expected_tf32 and run.data.params["train.tf32"] == "True"
     state = torch.load(local / "checkpoint" / "best.pt", weights_only=True)
     assert "fc.weight" in state and state["fc.weight"].shape[0] == 10
 
@@ -770,3 +773,19 @@ def test_kept_freed_memory_is_reused_without_page_faults():
         assert out[0] == "True", out
         faults[mode] = int(out[1])
     assert faults["keep"] < 1000 and faults["hand back"] >= 16_384, faults
+
+
+def test_deterministic_accel_cnn_reproduces_bitwise_on_cpu(tiny_overrides):
+    """train.deterministic=true with accel's own net (its global max pool has a deterministic
+    backward, so the setting is usable on CUDA too): two runs give the same history, bit for
+    bit, and cuBLAS's fixed workspace is asked for from the config's load on."""
+    import os
+
+    overrides = [*tiny_overrides, "model.name=accel_cnn_s", "model.img_size=8",
+                 "train.deterministic=true"]
+    first = train(config.load(None, overrides), track=False).history
+    second = train(config.load(None, overrides), track=False).history
+    times = ("epoch_time_s", "train_throughput", "peak_memory_mb")
+    strip = [{k: v for k, v in row.items() if k not in times} for row in (*first, *second)]
+    assert strip[:2] == strip[2:] and len(first) == 2
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

@@ -129,9 +129,10 @@ def amp_dtype(mode: str, device) -> str:
     if mode in ("bf16", "fp16"):
         return mode
     if device.type == "cuda":
-        import torch
 
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        from accel.engine import native_bf16
+
+        return "bf16" if native_bf16() else "fp16"
     # CPU: bf16 autocast (AMX / avx512_bf16 where the CPU has them). Unlike `train.amp=auto`,
     # which stays fp32 on CPU (engine.resolve_amp): ablating amp measures what train.amp=bf16
     # gives, and the report's header says so.

@@ -68,6 +68,9 @@ def environment(device: str, seed: int) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,  # a run's ranks need one each
+        # what fp32 math ran as (train.tf32 sets both before this is written)
+        "tf32": ({"matmul": torch.backends.cuda.matmul.allow_tf32,
+                  "cudnn": torch.backends.cudnn.allow_tf32} if cuda else "no CUDA"),
         "device": device,
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
@@ -86,10 +89,10 @@ def environment_diff(logged: dict[str, Any], current: dict[str, Any]) -> list[st
         if key in ENV_IGNORED or key not in logged:
             continue
         old, new = logged.get(key), current.get(key)
-        if isinstance(old, dict) or isinstance(new, dict):
-            old, new = old or {}, new or {}
+        if isinstance(old, dict) and isinstance(new, dict):
+            what = "package" if key == "packages" else key
             lines += [
-                f"environment differs: package {name}: {old.get(name)} in the run, "
+                f"environment differs: {what} {name}: {old.get(name)} in the run, "
                 f"{new.get(name)} here"
                 for name in sorted(set(old) | set(new))
                 if old.get(name) != new.get(name)

@@ -88,7 +88,9 @@ def decide(mode: str, device: torch.device, model: torch.nn.Module, cfg, shape: 
     if replayed is not None:
         return AmpDecision(DTYPES[replayed], "replayed")
     if device.type == "cuda":
-        bf16 = torch.cuda.is_bf16_supported()
+        from accel.engine import native_bf16
+
+        bf16 = native_bf16()
         return AmpDecision(torch.bfloat16 if bf16 else torch.float16, "cuda")
     key = cache_key(model, cfg, shape)
     cached = read_cache().get(key)

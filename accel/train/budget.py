@@ -29,10 +29,15 @@ MEASURED_UPDATES = 3  # updates timed before the first estimate
 # A plan that would start an epoch only to make this share of its updates ends at the epoch
 # before instead: the few updates given up are worth less than the evaluation they would cost.
 TAIL_SHARE = 0.02
+# CUDA: the host queues updates ahead of the device, so the clock means something only after a
+# sync. The budget syncs and reads it every SYNC_EVERY updates (one wait per 8 updates, not one
+# per update), and at every update once the budget's end is that near.
+SYNC_EVERY = 8
 
 
 class Budget:
-    """Reads the training clock after every update and keeps the plan within the budget."""
+    """Reads the training clock after every update (CUDA: every SYNC_EVERY, after a sync) and
+    keeps the plan within the budget."""
 
     def __init__(self, schedule: Schedule):
         self.schedule = schedule
@@ -45,18 +50,33 @@ class Budget:
         self.estimated = False  # this process made its first estimate
         self.update_s: float | None = None  # seconds per update, as measured here
         self.last_update_s: float | None = None  # the latest update's own seconds
-        self._before = 0.0  # training seconds when the latest update began
+        self._before = 0.0  # training seconds when the clock was last read
+        self._looked = 0  # the update count then
+        self.sync = None  # CUDA: waits for the device before the clock is read
 
     def attach(self, trainer, step: Any, history: list[dict[str, float]]) -> None:
         """On `trainer`, whose process function is `step` (accel.engine.UpdateStep)."""
         from ignite.engine import Events
 
         self.trainer, self.step, self.history = trainer, step, history
+        if step.device.type == "cuda":
+            import functools
+
+            import torch
+
+            self.sync = functools.partial(torch.cuda.synchronize, step.device)
         trainer.add_event_handler(Events.EPOCH_STARTED, self._start_epoch)
 
     def _start_epoch(self, _) -> None:
         self.epoch_t0 = time.perf_counter()
-        self._before = self.elapsed()
+        self._before, self._looked = self.elapsed(), self.step.updates
+
+    def _look_now(self, u: int) -> bool:
+        """CUDA: whether to sync and read the clock after update `u`: every SYNC_EVERY
+        updates, while the speed is first measured, and at every update near the end."""
+        if u % SYNC_EVERY == 0 or self.update_s is None:
+            return True
+        return self.schedule.budget_s - self.elapsed() < 2 * SYNC_EVERY * self.update_s
 
     def elapsed(self) -> float:
         """Training seconds so far: the epochs done (their evaluation excluded), then this one."""
@@ -65,8 +85,14 @@ class Budget:
 
     def after_update(self) -> None:
         u, s = self.step.updates, self.schedule
+        if self.sync is not None and not s.replay:
+            if not self._look_now(u):
+                return
+            self.sync()
         elapsed = self.elapsed()
-        self.last_update_s, self._before = elapsed - self._before, elapsed
+        since = max(1, u - self._looked)  # updates since the clock was last read
+        self.last_update_s, self._before = (elapsed - self._before) / since, elapsed
+        self._looked = u
         total = s.total_at(u) if s.replay else self._plan(u, elapsed)
         state = self.trainer.state
         if total <= u:  # this was the last update

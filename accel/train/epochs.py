@@ -47,6 +47,8 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
     @trainer.on(Events.EPOCH_STARTED)
     def _start_clock(_) -> None:
         synchronize(parts.device)
+        if parts.device.type == "cuda":  # peak_memory_mb: each epoch's own (and its evaluation)
+            torch.cuda.reset_peak_memory_stats(parts.device)
         clock["t0"] = time.perf_counter()
 
     @trainer.on(Events.EPOCH_COMPLETED)
@@ -54,6 +56,7 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
         if trainer.should_terminate:
             return
         row = epoch_row(parts, clock["t0"])
+        check_finite(row, trainer.state.epoch, cfg.train.lr)
         if trial is not None:  # nothing of the epoch is written for a trial failed meanwhile
             lease.confirm()
         parts.history.append(row)
@@ -87,13 +90,25 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
 
 
 def _progress_bar(trainer) -> bool:
-    """Ignite's bar on a terminal (rank 0); whether there is one."""
+    """Ignite's bar on a terminal (rank 0); whether there is one. It counts iterations and
+    shows no loss: reading the loss of every micro-batch would make the host wait for the
+    device each time (the epoch's line says its mean loss)."""
     if not (sys.stderr.isatty() and ranks.rank() == 0):
         return False
     from ignite.handlers import ProgressBar
 
-    ProgressBar(persist=False).attach(trainer, output_transform=lambda out: {"loss": out["loss"]})
+    ProgressBar(persist=False).attach(trainer)
     return True
+
+
+def check_finite(row: dict[str, float], epoch: int, lr: float) -> None:
+    """The NaN guard, once per epoch: the epoch's mean loss is NaN or inf when any micro-batch's
+    was (its sum is kept on the device and read here anyway), and the run ends FAILED."""
+    import math
+
+    if not math.isfinite(row["train_loss"]):
+        raise NonFiniteLoss(f"loss became {row['train_loss']} in epoch {epoch} "
+                            f"(train.lr={lr}); the run is marked FAILED")
 
 
 def prune(pruning, evaluator) -> None:

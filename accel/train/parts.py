@@ -67,6 +67,7 @@ def build(cfg: Config, replay: Replay | None = None) -> Parts:
     if device.type == "cpu":
         launch.keep_freed_memory(t.keep_freed_memory)
     seed_everything(t.seed, t.deterministic)
+    engine.set_tf32(t.tf32, device)
     data = build_data(cfg, device)
     say_notes()  # the data is there: what the config adapted to it (config.follow_the_data)
     if device.type == "cuda":

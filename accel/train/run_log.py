@@ -266,11 +266,13 @@ def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -
 
 def run_costs(history: list[dict[str, float]]) -> dict[str, float]:
     """What a run cost (config.COST_METRICS): total training seconds (evaluation excluded),
-    mean images per second, peak memory."""
+    mean images per second over the steady epochs (the first left out where there are several:
+    it pays for compiling and kernel selection), peak memory."""
     if not history:
         return {}
+    steady = history[1:] or history
     return {"train_time_s": sum(row["epoch_time_s"] for row in history),
-            "train_throughput": sum(row["train_throughput"] for row in history) / len(history),
+            "train_throughput": sum(row["train_throughput"] for row in steady) / len(steady),
             "peak_memory_mb": max(row["peak_memory_mb"] for row in history)}
 
 

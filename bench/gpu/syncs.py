@@ -113,14 +113,17 @@ def step_reads(step, batch, updates: int, warmup: int = 3) -> Counter:
     return counts
 
 
-def trainer_reads(step, batch, updates: int) -> tuple[Counter, list]:
+def trainer_reads(step, batch, updates: int, attach=None) -> tuple[Counter, list]:
     """Host reads (and CUDA syncs) of the second epoch of accel's trainer around `step`: each
-    iteration with the trainer's own per-update handlers."""
+    iteration with the trainer's own per-update handlers, and what `attach(trainer)` adds (the
+    progress bar a terminal gets)."""
     from ignite.engine import Events
 
     from accel.engine import create_trainer
 
     trainer = create_trainer(step)
+    if attach is not None:
+        attach(trainer)
     cuda = step.device.type == "cuda"
     stack = contextlib.ExitStack()
     found: dict = {}
