@@ -752,3 +752,31 @@ def test_real_cifar10_ablation_learns_and_tabulates(cifar10_root, tmp_path):
     assert math.isclose(ga.speedups[0],
                         base.records[0].steady_epoch_s / ga.records[0].steady_epoch_s)
     assert ga.speedup == (ga.speedups[0],) * 3
+
+
+def test_the_grid_verdict_reads_each_models_intervals():
+    """Planted speed-ups and accuracy differences over 3 seeds: faster everywhere is 'turn on',
+    faster on some and slower on others 'depends on the model', slower where it is not within
+    noise 'leave off', an accuracy loss beyond noise 'leave off' whatever the speed, one seed
+    'no verdict'."""
+    from accel.ablation.grid import Grid, verdict
+    from accel.ablation.plan import Combination
+
+    def ablation(technique, speedups, diffs):
+        combo = Combination(("ga",), frozenset({technique}))
+        return A.Ablation(None, [A.Row(combo, "ok", [], speedups, diffs)], [], "", 3)
+
+    def grid(*cells):
+        return Grid([f"m{i}" for i in range(len(cells))],
+                    [ablation("ga", s, d) for s, d in cells], ("ga",))
+
+    flat = [0.01, -0.01, 0.0]
+    assert verdict("ga", grid(([1.2, 1.3, 1.25], flat), ([1.5, 1.4, 1.45], flat))).startswith(
+        "turn on: faster on every model (m0 1.25x, m1 1.45x)")
+    assert verdict("ga", grid(([1.2, 1.3, 1.25], flat), ([0.6, 0.61, 0.62], flat))) == (
+        "depends on the model: turn on for m0 1.25x; leave off for m1 0.61x")
+    assert verdict("ga", grid(([0.7, 0.72, 0.74], flat), ([0.9, 1.1, 1.0], flat))) == (
+        "leave off: slower on m0 0.72x; within noise for m1 1.00x; faster on none")
+    assert verdict("ga", grid(([1.2, 1.3, 1.25], [-0.05, -0.06, -0.04]))) == (
+        "leave off: lower accuracy on m0 (beyond noise)")
+    assert verdict("ga", grid(([1.2], [0.0]))).startswith("no verdict: one seed")

@@ -49,8 +49,8 @@ def poll(condition, what: str, proc: subprocess.Popen | None = None, timeout_s: 
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode} before {what}: "
-                                 f"{proc.communicate()[1][-3000:]}")
+            said = proc.log.read_text() if hasattr(proc, "log") else proc.communicate()[1]
+            raise AssertionError(f"exited {proc.returncode} before {what}: {said[-3000:]}")
         try:
             answer = condition()
         except Exception:

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, new_store
-from tests.test_study_signals import kill_group
+from tests.test_store_outages import ended as finish
+from tests.test_study_signals import kill_group, poll
 
 # Trials of about 20 s, one epoch well under a second: a frozen worker that trained on after it
 # came back would log many more epochs.
@@ -54,31 +55,6 @@ def start(tmp_path: Path, storage: str, store: str, *args: str, study: dict | No
     return proc
 
 
-def poll(condition, what: str, proc: subprocess.Popen, timeout_s: float = 300):
-    """`condition()`'s first true answer (an exception: the store is being written; again)."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode} before {what}: "
-                                 f"{proc.log.read_text()[-3000:]}")
-        try:
-            answer = condition()
-        except Exception:
-            answer = None
-        if answer:
-            return answer
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} within {timeout_s} s: {proc.log.read_text()[-3000:]}")
-
-
-def finish(proc: subprocess.Popen, timeout_s: float = 600) -> tuple[int, str]:
-    try:
-        code = proc.wait(timeout=timeout_s)
-    finally:
-        kill_group(proc)
-    return code, proc.log.read_text()
-
-
 def record(storage: str, store: str, name: str = "frozen") -> tuple[list, dict[int, list]]:
     """(the study's trials, trial number -> its trial runs)."""
     import optuna
@@ -103,6 +79,25 @@ def assert_whole(trials, runs, out: str) -> None:
     assert sorted(runs) == [t.number for t in trials if t.state.name != "WAITING"]
     assert all(len(r) == 1 for r in runs.values()), {n: len(r) for n, r in runs.items()}
     assert all(r[0].info.status != "RUNNING" for r in runs.values())
+
+
+def frozen_until(pid: int, condition, proc: subprocess.Popen):
+    """SIGSTOP the worker `pid` until `condition()` (its trial failed as stale by the other
+    worker), then SIGCONT it; returns what the condition answered."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        return poll(condition, "its trial failed as stale", proc, timeout_s=120)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def finished_whole(proc: subprocess.Popen, storage: str, store: str):
+    """(trials, runs per trial, output) once the study ended with exit 0, its record whole."""
+    code, out = finish(proc)
+    assert code == 0, out[-4000:]
+    trials, runs = record(storage, store)
+    assert_whole(trials, runs, out)
+    return trials, runs, out
 
 
 def training_trial(storage: str):
@@ -135,19 +130,11 @@ def test_a_worker_frozen_past_the_grace_leaves_its_trial_to_the_retry_and_serves
     proc = start(tmp_path, postgres_url, store, "--n-trials", "4", "--workers", "2")
     try:
         number, pid = poll(lambda: training_trial(postgres_url), "a trial in training", proc)
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            poll(lambda: state_of(postgres_url, number) == "FAIL", "the trial failed as stale",
-                 proc, timeout_s=120)
-        finally:
-            os.kill(pid, signal.SIGCONT)
+        frozen_until(pid, lambda: state_of(postgres_url, number) == "FAIL", proc)
         back = time.time()
-        code, out = finish(proc)
+        trials, runs, out = finished_whole(proc, postgres_url, store)
     finally:
         kill_group(proc)
-    assert code == 0, out[-4000:]
-    trials, runs = record(postgres_url, store)
-    assert_whole(trials, runs, out)
     assert f"trial {number:03d} left to its retry: it was failed as stale" in out, out[-3000:]
     from mlflow.tracking import MlflowClient
 
@@ -196,18 +183,10 @@ def test_a_worker_frozen_before_its_trial_has_a_run_makes_no_second_run(tmp_path
         del os.environ["FAULT_MARKER"]
     try:
         pid = int(poll(lambda: marker.exists() and marker.read_text(), "a trial building", proc))
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            (number,) = poll(lambda: _failed_trial_of(postgres_url, pid), "its trial failed "
-                             "as stale", proc, timeout_s=120)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        code, out = finish(proc)
+        (number,) = frozen_until(pid, lambda: _failed_trial_of(postgres_url, pid), proc)
+        trials, runs, out = finished_whole(proc, postgres_url, store)
     finally:
         kill_group(proc)
-    assert code == 0, out[-4000:]
-    trials, runs = record(postgres_url, store)
-    assert_whole(trials, runs, out)
     assert f"trial {number:03d} left to its retry" in out, out[-3000:]
     assert runs[number][0].info.status == "FAILED"
 

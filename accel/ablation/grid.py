@@ -1,8 +1,8 @@
 """The paper's grid: one ablation per experiment file (its three models), under one MLflow parent
 run (`accel.role=ablation-grid`), and one summary across them: per technique and model, the
 speed-up and the accuracy difference of the technique alone against the all-off baseline, with
-their intervals, and one line per technique: turn it on, leave it off, not applicable here, or
-no clear effect at this many repeats, and why."""
+their intervals, and one line per technique: turn it on, leave it off, it depends on the model,
+not applicable here, or no clear effect at this many repeats, and why."""
 
 from __future__ import annotations
 
@@ -64,20 +64,26 @@ def verdict(technique: str, grid: Grid) -> str:
         return f"not applicable here ({'; '.join(sorted(reasons)) or 'no run succeeded'})"
     if all(len(r.speedups) < 2 for r in applicable.values()):
         return "no verdict: one seed per combination gives no interval (use --repeats 3 or more)"
-    slower = [n for n, r in applicable.items() if r.faster is False]
+    ratio = {n: f"{n} {r.intervals()[0].mean:.2f}x" for n, r in applicable.items()}
     worse = [n for n, r in applicable.items() if r.more_accurate is False]
-    if slower or worse:
-        why = ([f"slower on {', '.join(slower)}"] if slower else []) + (
-            [f"lower accuracy on {', '.join(worse)}"] if worse else [])
-        return "leave off: " + "; ".join(why) + " (beyond noise)"
-    faster = [n for n, r in applicable.items() if r.faster]
+    if worse:
+        return f"leave off: lower accuracy on {', '.join(worse)} (beyond noise)"
+    faster = [ratio[n] for n, r in applicable.items() if r.faster]
+    slower = [ratio[n] for n, r in applicable.items() if r.faster is False]
+    unclear = [ratio[n] for n, r in applicable.items() if r.faster is None]
     if len(faster) == len(applicable):
-        ratios = [r.intervals()[0].mean for r in applicable.values()]
-        return (f"turn on: faster on every model ({min(ratios):.2f}x to {max(ratios):.2f}x), "
-                "no accuracy lost beyond noise")
-    unclear = [n for n in applicable if n not in faster]
-    return (f"no clear effect: within noise on {', '.join(unclear)}"
-            + (f", faster on {', '.join(faster)}" if faster else "")
+        return (f"turn on: faster on every model ({', '.join(faster)}), no accuracy lost "
+                "beyond noise")
+    if slower and not faster:
+        return (f"leave off: slower on {', '.join(slower)}"
+                + (f"; within noise for {', '.join(unclear)}" if unclear else "")
+                + "; faster on none")
+    if faster and slower:
+        return (f"depends on the model: turn on for {', '.join(faster)}; leave off for "
+                f"{', '.join(slower)}" + (f"; within noise for {', '.join(unclear)}"
+                                          if unclear else ""))
+    return (f"no clear effect: within noise for {', '.join(unclear)}"
+            + (f"; faster for {', '.join(faster)}" if faster else "")
             + "; more repeats would narrow the intervals")
 
 
