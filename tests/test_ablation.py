@@ -630,6 +630,7 @@ def test_paper_file_header_and_search_space(path: Path):
     header = "".join(line for line in path.read_text().splitlines(True) if line.startswith("#"))
     assert f"accel tune experiments/paper/{path.name}" in header
     assert "expect" in header and "GPU" in header and "paper (Nokhwal et al., 2023)" in header
+    assert "CPU:" in header  # its cost measured on a named CPU, or why it was not
     cfg = config.load(path)
     assert cfg.data.dataset == path.stem.split("_")[0]
     dims = {dim.key: dim for dim in check_search(cfg)}
