@@ -131,6 +131,25 @@ def first_images(ds, n: int) -> torch.Tensor:
     return (x.float() / 255 - mean) / std
 
 
+# Images resized at once: the resize works in fp32 (4 bytes a pixel) whatever it is given, so a
+# whole split at once would need 50,000 x 3 x 224 x 224 x 4 bytes = 30 GB beside the uint8 copy
+# (out of memory on a GPU of 40 GB or less); a chunk of 4,096 needs 2.5 GB.
+RESIZE_CHUNK = 4096
+
+
+def resize_split(images: torch.Tensor, size: int, chunk: int = RESIZE_CHUNK) -> torch.Tensor:
+    """[N, C, H, W] uint8 -> [N, C, size, size] uint8, `chunk` images at a time (each image is
+    resized on its own: the result is the whole-split resize's, bit for bit)."""
+    from torchvision.transforms.v2 import functional as TF
+
+    out = torch.empty((*images.shape[:-2], size, size), dtype=images.dtype,
+                      device=images.device)
+    for start in range(0, len(images), chunk):
+        out[start:start + chunk] = TF.resize(images[start:start + chunk], [size, size],
+                                             antialias=True)
+    return out
+
+
 def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
                     seed: int = 0, flip: str = "random", padding: str = "zeros") -> ResidentLoader:
     """A split of `accel.data` as a `ResidentLoader`; training: shuffled, augmented, seeded.
@@ -147,9 +166,7 @@ def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
     pad = pad if train else 0  # evaluation: no augmentation
     images = images.to(device)
     if size is not None and images.shape[-1] != size:  # resized once, as uint8, on the device
-        from torchvision.transforms.v2 import functional as TF
-
-        images = TF.resize(images, [size, size], antialias=True)
+        images = resize_split(images, size)
     return ResidentLoader(
         images, labels, dataset=ds, batch_size=batch_size, device=device, pad=pad,
         shuffle=train, drop_last=train and len(labels) > batch_size,

@@ -301,3 +301,27 @@ def test_a_run_resumed_in_its_second_pass_gets_the_same_alternating_flips(folder
 def test_alternating_flips_need_resident_data():
     with pytest.raises(config.ConfigError, match="data.flip=alternating .* data.on_device=true"):
         config.load(None, ["data.flip=alternating"])
+
+
+def test_the_split_is_resized_a_chunk_at_a_time_to_the_same_bits(monkeypatch):
+    """A resident split resized to the model's size goes through the resize a chunk at a time
+    (its fp32 work then holds one chunk, not the split) and gives the whole-split resize's
+    result bit for bit."""
+    from torchvision.transforms.v2 import functional as TF
+
+    from accel import resident
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (10, 3, 12, 12), dtype=torch.uint8, generator=g)
+    whole = TF.resize(images, [20, 20], antialias=True)
+    seen = []
+    original = TF.resize
+
+    def resize(x, *args, **kwargs):
+        seen.append(len(x))
+        return original(x, *args, **kwargs)
+
+    monkeypatch.setattr(TF, "resize", resize)
+    chunked = resident.resize_split(images, 20, chunk=4)
+    assert seen == [4, 4, 2]
+    assert chunked.dtype == torch.uint8 and torch.equal(chunked, whole)
