@@ -139,6 +139,9 @@ class TrainConfig:
     target: dict[str, Any] = field(default_factory=dict)
     stop_at_target: bool = False  # end the run (FINISHED) at that epoch
     nproc_per_node: int = 1  # processes training the run data parallel; batch_size is each's
+    # several ranks: BatchNorm over every rank's images of a step (SyncBatchNorm, CUDA), not
+    # over each rank's batch_size alone (the default, which then normalises over 1/N as many)
+    sync_bn: bool = False
 
     @property
     def effective_batch_size(self) -> int:

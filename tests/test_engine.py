@@ -508,3 +508,31 @@ def test_accel_nets_have_no_module_without_a_deterministic_cuda_backward():
         x = torch.randn(2, 3, 32, 32, requires_grad=True)
         model(x).sum().backward()  # the global max pool differentiates
         assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_several_ranks_wrap_the_eager_model_then_compile_and_sync_bn_is_asked_for(monkeypatch):
+    """train.nproc_per_node > 1 with train.compile: DistributedDataParallel goes around the
+    eager module and the compile around it (not DDP around a compiled model, whose gradient
+    all-reduce then cannot overlap the backward); train.sync_bn converts the BatchNorms first,
+    sharing their parameters, and is refused on a CPU, where SyncBatchNorm does not run."""
+    from accel import models, ranks
+    from accel.config import ConfigError, load
+    from accel.train import parts
+
+    class Wrapped(nn.Module):  # stands in for DistributedDataParallel (no process group here)
+        def __init__(self, module, device):
+            super().__init__()
+            self.module = module
+
+    monkeypatch.setattr(ranks, "world_size", lambda: 2)
+    monkeypatch.setattr(ranks, "wrap", lambda module, device: Wrapped(module, device))
+    bare = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    cfg = load(None, ["train.compile=default"])
+    trained = parts._trained(models.compile_model(bare, "default"), cfg, CPU)
+    assert isinstance(trained, torch._dynamo.eval_frame.OptimizedModule)
+    assert isinstance(trained._orig_mod, Wrapped) and trained._orig_mod.module is bare
+    with pytest.raises(ConfigError, match="train.sync_bn=true"):
+        parts._trained(bare, load(None, ["train.sync_bn=true"]), CPU)
+    weight = bare[1].weight
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(bare)
+    assert isinstance(converted[1], nn.SyncBatchNorm) and converted[1].weight is weight

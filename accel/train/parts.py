@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from accel import engine, models, ranks
-from accel.config import Config
+from accel.config import Config, ConfigError
 from accel.console import say_notes
 from accel.schedule import build_scheduler
 from accel.train import amp_probe, launch
@@ -92,7 +92,7 @@ def build(cfg: Config, replay: Replay | None = None) -> Parts:
                                 replay=bool(revisions))
     budget = Budget(scheduler.lr_lambdas[0]) if t.budget_s else None
     held, after_update = _after_update(t, bare, averaged, budget)
-    trained = ranks.wrap(model, device)  # several ranks: DistributedDataParallel
+    trained = _trained(model, cfg, device)  # several ranks: DistributedDataParallel
     non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
     step = engine.UpdateStep(
         trained, optimizer, torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing), device,
@@ -117,6 +117,25 @@ def build(cfg: Config, replay: Replay | None = None) -> Parts:
     if budget is not None:
         budget.attach(trainer, step, parts.history)
     return parts
+
+
+def _trained(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
+    """What the update step runs: `model`; with several ranks, DistributedDataParallel around
+    the eager module (its BatchNorms synchronised with train.sync_bn), compiled after the wrap
+    when train.compile asks: DDP around a compiled model cannot overlap its gradient all-reduce
+    with the backward, while a compiled DDP splits its graph at the buckets (DDPOptimizer)."""
+    if ranks.world_size() == 1:
+        return model
+    eager = getattr(model, "_orig_mod", model)
+    if cfg.train.sync_bn:
+        if device.type != "cuda":
+            raise ConfigError("train.sync_bn=true: SyncBatchNorm runs on CUDA; on a CPU each "
+                              "rank normalises over its own batch (train.sync_bn=false)")
+        eager = torch.nn.SyncBatchNorm.convert_sync_batchnorm(eager)  # shares the parameters
+    wrapped = ranks.wrap(eager, device)
+    if cfg.train.compile == "off":
+        return wrapped
+    return models.compile_model(wrapped, cfg.train.compile)
 
 
 def precision(cfg: Config, device: torch.device, bare: torch.nn.Module, data,
