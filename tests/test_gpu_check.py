@@ -178,3 +178,26 @@ def test_without_cuda_the_real_check_refuses_in_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "CUDA" in lines[0], done.stderr
     assert not out.exists()  # refused before anything was written
+
+
+def test_a_failed_paper_row_is_a_result_and_a_model_without_numbers_fails_the_step():
+    """One row out of memory is shown as such and the step stays ok; a model with no number at
+    all fails it. Each number is the median of three timed blocks, their range beside it."""
+    import json
+
+    from bench.gpu import summaries
+    from bench.gpu.records import MARK
+
+    def row(model, mode, **result):
+        return MARK + json.dumps({"step": "paper", "model": model, "mode": mode, "amp": "off",
+                                  "tf32": True, "channels_last": False, "accumulation": 1,
+                                  "loader": "", "compile": "", **result})
+
+    fine = {"img_s": 100.0, "img_s_min": 90.0, "img_s_max": 110.0, "peak_gib": 1.0}
+    lines = [row(m, "TF32", **fine) for m in ("a", "b", "c")]
+    lines.append(row("c", "bf16", error="OutOfMemoryError: CUDA out of memory"))
+    done = summaries.paper("\n".join(lines), {})
+    assert done.ok and "1 row(s) failed" in done.numbers
+    assert "| TF32 | 100 | 90–110 |" in done.section and "OutOfMemoryError" in done.section
+    none = summaries.paper("\n".join(lines[:2] + [row("c", "TF32", error="boom")]), {})
+    assert not none.ok
