@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from ignite.engine import Engine, Events
 
+from accel.averaging import MovingAverage, moving_average  # noqa: F401 (the step's EMA)
 from accel.config import TrainConfig
 from accel.schedule import (  # noqa: F401 (the schedule, where the step is built)
     build_scheduler,
@@ -79,53 +80,6 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optim
     return create_optimizer_v2(
         params, opt=OPTIMIZER_NAMES[t.optimizer], lr=t.lr, weight_decay=t.weight_decay, **kwargs
     )
-
-
-def moving_average(model: torch.nn.Module, decay: float):
-    """An exponential moving average of `model`'s weights and buffers (BatchNorm statistics
-    too): a copy on the model's device, updated by `update_parameters(model)`."""
-    from torch.optim.swa_utils import get_ema_multi_avg_fn
-
-    return MovingAverage(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
-
-
-def _averaged_model():
-    from torch.optim.swa_utils import AveragedModel
-
-    return AveragedModel
-
-
-class MovingAverage(_averaged_model()):
-    """torch's AveragedModel (its state_dict, its `module`) with an update that never waits for
-    the device: torch's reads its `n_averaged` counter twice per update and copies it to the
-    device (`.to(device)`: a blocking copy from pageable memory). Here the counter stays a host
-    tensor, bumped in place; whether the first update has happened is a Python flag (set from
-    the counter once, after a checkpoint is loaded)."""
-
-    def update_parameters(self, model: torch.nn.Module) -> None:
-        import itertools
-
-        averaged = list(itertools.chain(self.module.parameters(), self.module.buffers()))
-        current = [p.detach() for p in itertools.chain(model.parameters(), model.buffers())]
-        started = getattr(self, "_started", None)
-        if started is None:  # once per process (a resumed run: the loaded counter says)
-            started = self._started = bool(self.n_averaged.cpu() > 0)
-        with torch.no_grad():
-            if not started:
-                torch._foreach_copy_(averaged, current)
-                self._started = True
-            else:  # the EMA, grouped by dtype as torch groups it (integer buffers apart)
-                groups: dict[torch.dtype, list[int]] = {}
-                for i, p in enumerate(averaged):
-                    groups.setdefault(p.dtype, []).append(i)
-                for group in groups.values():
-                    self.multi_avg_fn([averaged[i] for i in group], [current[i] for i in group],
-                                      None)
-        self.n_averaged.add_(1)
-
-    def load_state_dict(self, *args, **kwargs):
-        self._started = None  # read the loaded counter again
-        return super().load_state_dict(*args, **kwargs)
 
 
 def _param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:

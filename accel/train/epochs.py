@@ -33,15 +33,9 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
 
     trainer, cfg = parts.trainer, parts.cfg
     metric, direction = cfg.search.metric, cfg.search.direction
-    pruning = None
-    if trial is not None and len(trial.study.directions) == 1:  # Optuna: no multi-obj. pruning
-        from optuna_integration import PyTorchIgnitePruningHandler
-
-        pruning = PyTorchIgnitePruningHandler(trial, metric.removeprefix("val_"), trainer)
+    pruning = _trial_handlers(trainer, trial, metric)
     # One line an epoch with the bar, and for a lone run into a log (a trial says one line)
     verbose = ranks.rank() == 0 and (_progress_bar(trainer) or trial is None)
-    if trial is not None:  # a trial failed meanwhile as stale stops at its next update
-        trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda _: lease.check())
     clock = {"t0": 0.0}
 
     @trainer.on(Events.EPOCH_STARTED)
@@ -87,6 +81,22 @@ def attach_epoch_handlers(parts: Parts, run: RunLog, trial: Any) -> None:
                 trainer.terminate()  # the run ends FINISHED after this epoch
                 return
         prune(pruning, parts.evaluator)
+
+
+def _trial_handlers(trainer, trial: Any, metric: str):
+    """A trial's: its lease checked at every update (a trial failed meanwhile as stale stops at
+    the next one, accel.lease); its pruning handler (None for a multi-objective study, which
+    Optuna does not prune), returned."""
+    if trial is None:
+        return None
+    from ignite.engine import Events
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda _: lease.check())
+    if len(trial.study.directions) > 1:
+        return None
+    from optuna_integration import PyTorchIgnitePruningHandler
+
+    return PyTorchIgnitePruningHandler(trial, metric.removeprefix("val_"), trainer)
 
 
 def _progress_bar(trainer) -> bool:
