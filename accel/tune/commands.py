@@ -28,7 +28,6 @@ from accel.tune.study import (
 )
 from accel.tune.workers import clean_up, fail_stale, queue_unexplained, run_workers
 from accel.uris import DEFAULT_URI, redact, resolve_uri
-from accel.verify.runs import verified_lines
 
 
 def cli_tune(args, cfg: Config) -> int:
@@ -315,7 +314,7 @@ def cli_best(args) -> int:
         lines = best_lines(name, states, counts, best, metric, _value(study, best, metric),
                             run_id, uri, command) + [browse]
         if verification is not None:
-            lines += verified_lines(tracker_for(uri), verification)
+            lines += st.verified_lines(tracker_for(uri), verification)
     print("\n".join(line for line in lines if line))
     if at_chance:
         warn(at_chance)
@@ -357,9 +356,7 @@ def _at_chance(study, best, metric: str, tracker, run_id: str, args) -> str | No
 
 def _verification(study, tracker, args):
     """The study's last finished `accel verify` run, or None; `--verified` needs one."""
-    from accel.verify.runs import latest_verification
-
-    run = latest_verification(tracker, study.study_name)
+    run = st.latest_verification(tracker, study.study_name)
     if args.verified and run is None:
         raise ConfigError(f"--verified: study '{study.study_name}' has no finished "
                           f"verification; run `accel verify --study {study.study_name}` first")

@@ -30,6 +30,7 @@ ATTR_INVOCATION, ATTR_HOST, ATTR_PID = "accel.invocation", "accel.host", "accel.
 ATTR_PARENT = "accel.parent_run_id"  # study user attr
 ATTR_COPIED = "accel.copied_from"  # a trial copied from another study (`--from-study`): STUDY#N
 MAX_TAG_CHARS = 500  # of an error kept in a tag or a trial attr
+VERIFY_ROLE = "verify"  # `accel verify`'s run (accel.verify), which `accel best` reads
 
 
 def search_runs(tracker, study: str, filters: str) -> list:
@@ -165,6 +166,25 @@ def close_left_running(tracker, study) -> list[int]:
                              interrupted=bool(trial.user_attrs.get(ATTR_STOPPED)))
             closed.append(trial.number)
     return sorted(closed)
+
+
+# --- `accel verify`'s record, as `accel best` reads it -----------------------------------------
+
+
+def latest_verification(tracker, study: str):
+    """The study's last verification that finished, or None."""
+    runs = search_runs(tracker, study, f"tags.`accel.role` = '{VERIFY_ROLE}' AND "
+                                       "attributes.status = 'FINISHED'")
+    return runs[-1] if runs else None
+
+
+def verified_lines(tracker, run) -> list[str]:
+    """What `accel best` adds when the study was verified (`run`): the table and the verdict."""
+    table = retry_locked(tracker.client.download_artifacts, run.info.run_id, "verify.md")
+    with open(table) as f:
+        text = f.read().strip()
+    return [f"verified over seeds {run.data.tags.get('accel.verify.seeds', '?')} "
+            f"(accel verify, run {run.info.run_id}):", text]
 
 
 # --- what the study's parent run shows ---------------------------------------------------------

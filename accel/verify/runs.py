@@ -19,7 +19,7 @@ from accel.signals import handle_stops
 from accel.tracking import retry_locked, tracker_for
 from accel.tune import tracking as st
 
-ROLE = "verify"
+ROLE = st.VERIFY_ROLE
 RERUN_ROLE = "verify-rerun"
 TAG_RUN = "accel.verify.run"  # on a rerun: its verification run
 TAG_TRIAL = "accel.verify.trial"
@@ -208,19 +208,3 @@ def close_running(tracker, study: str, run_id: str) -> None:
     for r in st.search_runs(tracker, study, f"tags.`{TAG_RUN}` = '{run_id}' AND "
                                             "attributes.status = 'RUNNING'"):
         retry_locked(tracker.end_run, r.info.run_id, "KILLED")
-
-
-def latest_verification(tracker, study: str):
-    """The study's last verification that finished, or None."""
-    runs = st.search_runs(tracker, study, f"tags.`accel.role` = '{ROLE}' AND "
-                                          "attributes.status = 'FINISHED'")
-    return runs[-1] if runs else None
-
-
-def verified_lines(tracker, run) -> list[str]:
-    """What `accel best` adds when the study was verified (`run`): the table and the verdict."""
-    table = retry_locked(tracker.client.download_artifacts, run.info.run_id, "verify.md")
-    with open(table) as f:
-        text = f.read().strip()
-    return [f"verified over seeds {run.data.tags.get('accel.verify.seeds', '?')} "
-            f"(accel verify, run {run.info.run_id}):", text]
