@@ -42,27 +42,11 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: `bench`
+
+from bench.slurm_common import EXPERIMENT, ROOT, STUDY, log, wait_for  # noqa: E402, F401
+
 PG = "postgresql://postgres@127.0.0.1:5432/"
-STUDY = "slurmcheck"
-EXPERIMENT = """\
-# make slurm-check's study: accel_cnn_s on digits, long enough epochs to be stopped inside one.
-name: slurmcheck
-data: {dataset: digits, val_fraction: 0.2, num_workers: 0}
-model: {name: accel_cnn_s, img_size: 8}
-train: {epochs: EPOCHS, batch_size: 16, device: cpu, amp: "off", lr: 3.0e-3}
-search:
-  metric: val_accuracy
-  direction: maximize
-  sampler: random
-  pruner: none
-  space:
-    train.lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}
-"""
-
-
-def log(msg: str) -> None:
-    print(f"[slurm-check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def free_port() -> int:
@@ -204,20 +188,6 @@ class Cluster:
                     cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def wait_for(condition, what: str, proc: subprocess.Popen | None = None,
-             timeout: float = 60) -> object:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: the process ended ({proc.returncode}) first")
-        with contextlib.suppress(Exception):
-            answer = condition()
-            if answer:
-                return answer
-        time.sleep(0.5)
-    raise RuntimeError(f"no {what} within {timeout:.0f} s")
-
-
 def leftovers(scratch: Path) -> list[str]:
     """Processes of the check still alive: its daemons, its jobs' steps, anything naming the
     scratch folder."""
@@ -268,5 +238,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.slurm_check import EXPERIMENT, ROOT, STUDY, log, wait_for
+from bench.slurm_common import EXPERIMENT, ROOT, STUDY, log, wait_for
 
 TASKS = 2
 

@@ -8,12 +8,17 @@ import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from bench.stack.settings import MIRROR, MLFLOW_URL, PROJECT, PYTHON_BASE
 
-if TYPE_CHECKING:
-    from bench.stack.machine import Check
+
+class Check(Protocol):
+    """What these helpers use of bench.stack.machine's Check (which imports them)."""
+
+    def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess: ...
+
+    def compose(self, *argv: str, **kwargs) -> subprocess.CompletedProcess: ...
 
 
 def compose_command() -> list[str]:
