@@ -3,24 +3,19 @@ AveragedModel, with an update that never makes the host wait for the device."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 
 def moving_average(model: torch.nn.Module, decay: float):
     """An exponential moving average of `model`'s weights and buffers (BatchNorm statistics
     too): a copy on the model's device, updated by `update_parameters(model)`."""
-    from torch.optim.swa_utils import get_ema_multi_avg_fn
-
     return MovingAverage(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
-def _averaged_model():
-    from torch.optim.swa_utils import AveragedModel
-
-    return AveragedModel
-
-
-class MovingAverage(_averaged_model()):
+class MovingAverage(AveragedModel):
     """torch's AveragedModel (its state_dict, its `module`) with an update that never waits for
     the device: torch's reads its `n_averaged` counter twice per update and copies it to the
     device (`.to(device)`: a blocking copy from pageable memory). Here the counter stays a host
@@ -28,8 +23,6 @@ class MovingAverage(_averaged_model()):
     the counter once, after a checkpoint is loaded)."""
 
     def update_parameters(self, model: torch.nn.Module) -> None:
-        import itertools
-
         averaged = list(itertools.chain(self.module.parameters(), self.module.buffers()))
         current = [p.detach() for p in itertools.chain(model.parameters(), model.buffers())]
         started = getattr(self, "_started", None)

@@ -100,25 +100,24 @@ def finished_whole(proc: subprocess.Popen, storage: str, store: str):
     return trials, runs, out
 
 
-def training_trial(storage: str):
-    """(trial number, its worker's pid) of a RUNNING trial past its second epoch."""
+def trials_of(url: str):
+    """A function that reads the study's trials through one storage opened once: polling
+    through a new storage each time leaves a database connection per call until the garbage
+    collector comes, and a busy machine's many polls ran PostgreSQL out of connections."""
     import optuna
 
     from accel.tune import open_storage
 
-    for t in optuna.load_study(study_name="frozen", storage=open_storage(storage)).trials:
+    storage = open_storage(url)
+    return lambda: optuna.load_study(study_name="frozen", storage=storage).trials
+
+
+def training_trial(trials):
+    """(trial number, its worker's pid) of a RUNNING trial past its second epoch."""
+    for t in trials():
         if t.state.name == "RUNNING" and len(t.intermediate_values) >= 2:
             return t.number, t.user_attrs["accel.pid"]
     return None
-
-
-def state_of(storage: str, number: int) -> str:
-    import optuna
-
-    from accel.tune import open_storage
-
-    return optuna.load_study(study_name="frozen",
-                             storage=open_storage(storage)).trials[number].state.name
 
 
 def test_a_worker_frozen_past_the_grace_leaves_its_trial_to_the_retry_and_serves_on(
@@ -129,8 +128,9 @@ def test_a_worker_frozen_past_the_grace_leaves_its_trial_to_the_retry_and_serves
     store = new_store(tmp_path)
     proc = start(tmp_path, postgres_url, store, "--n-trials", "4", "--workers", "2")
     try:
-        number, pid = poll(lambda: training_trial(postgres_url), "a trial in training", proc)
-        frozen_until(pid, lambda: state_of(postgres_url, number) == "FAIL", proc)
+        trials = trials_of(postgres_url)
+        number, pid = poll(lambda: training_trial(trials), "a trial in training", proc)
+        frozen_until(pid, lambda: trials()[number].state.name == "FAIL", proc)
         back = time.time()
         trials, runs, out = finished_whole(proc, postgres_url, store)
     finally:
@@ -183,7 +183,8 @@ def test_a_worker_frozen_before_its_trial_has_a_run_makes_no_second_run(tmp_path
         del os.environ["FAULT_MARKER"]
     try:
         pid = int(poll(lambda: marker.exists() and marker.read_text(), "a trial building", proc))
-        (number,) = frozen_until(pid, lambda: _failed_trial_of(postgres_url, pid), proc)
+        trials = trials_of(postgres_url)
+        (number,) = frozen_until(pid, lambda: _failed_trial_of(trials, pid), proc)
         trials, runs, out = finished_whole(proc, postgres_url, store)
     finally:
         kill_group(proc)
@@ -191,12 +192,8 @@ def test_a_worker_frozen_before_its_trial_has_a_run_makes_no_second_run(tmp_path
     assert runs[number][0].info.status == "FAILED"
 
 
-def _failed_trial_of(storage: str, pid: int) -> tuple[int] | None:
-    import optuna
-
-    from accel.tune import open_storage
-
-    for t in optuna.load_study(study_name="frozen", storage=open_storage(storage)).trials:
+def _failed_trial_of(trials, pid: int) -> tuple[int] | None:
+    for t in trials():
         if t.user_attrs.get("accel.pid") == pid and t.state.name == "FAIL":
             return (t.number,)
     return None

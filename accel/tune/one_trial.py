@@ -13,6 +13,7 @@ the order of its events:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import warnings
@@ -39,7 +40,7 @@ def run_one_trial(study, objective, after: Callable, prefix: str = ""):
             warnings.simplefilter("ignore", UserWarning)
             trial = study.ask()
         value, state, stop = None, TrialState.FAIL, None
-        with Watch(study, trial) if heartbeat else _nothing():
+        with Watch(study, trial) if heartbeat else contextlib.nullcontext():
             try:
                 value = objective(trial)  # a stop may end it anywhere (its `live_stops`)
                 state = TrialState.COMPLETE
@@ -69,14 +70,6 @@ def _heartbeat_on(study) -> bool:
     from optuna.storages._heartbeat import is_heartbeat_enabled
 
     return is_heartbeat_enabled(study._storage)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class Watch:
