@@ -12,7 +12,9 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 def moving_average(model: torch.nn.Module, decay: float):
     """An exponential moving average of `model`'s weights and buffers (BatchNorm statistics
     too): a copy on the model's device, updated by `update_parameters(model)`."""
-    return MovingAverage(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    average = MovingAverage(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    average.decay = decay
+    return average
 
 
 class MovingAverage(AveragedModel):
@@ -20,9 +22,15 @@ class MovingAverage(AveragedModel):
     the device: torch's reads its `n_averaged` counter twice per update and copies it to the
     device (`.to(device)`: a blocking copy from pageable memory). Here the counter stays a host
     tensor, bumped in place; whether the first update has happened is a Python flag (set from
-    the counter once, after a checkpoint is loaded)."""
+    the counter once, after a checkpoint is loaded).
 
-    def update_parameters(self, model: torch.nn.Module) -> None:
+    `skipped` (fp16): a device tensor, 1.0 where the scaler skipped the update just made; the
+    average then stays where it is (its weight on the new weights is 0), with no host read."""
+
+    decay: float | None = None
+
+    def update_parameters(self, model: torch.nn.Module,
+                          skipped: torch.Tensor | None = None) -> None:
         averaged = list(itertools.chain(self.module.parameters(), self.module.buffers()))
         current = [p.detach() for p in itertools.chain(model.parameters(), model.buffers())]
         started = getattr(self, "_started", None)
@@ -37,10 +45,23 @@ class MovingAverage(AveragedModel):
                 for i, p in enumerate(averaged):
                     groups.setdefault(p.dtype, []).append(i)
                 for group in groups.values():
-                    self.multi_avg_fn([averaged[i] for i in group], [current[i] for i in group],
-                                      None)
+                    ours, theirs = [averaged[i] for i in group], [current[i] for i in group]
+                    if skipped is None:
+                        self.multi_avg_fn(ours, theirs, None)
+                    else:
+                        _weighted_step(ours, theirs, (1 - self.decay) * (1 - skipped))
         self.n_averaged.add_(1)
 
     def load_state_dict(self, *args, **kwargs):
         self._started = None  # read the loaded counter again
         return super().load_state_dict(*args, **kwargs)
+
+
+def _weighted_step(averaged: list[torch.Tensor], current: list[torch.Tensor],
+                   weight: torch.Tensor) -> None:
+    """averaged += weight x (current - averaged), `weight` a device tensor (0 leaves them)."""
+    if averaged[0].is_floating_point():
+        torch._foreach_lerp_(averaged, current, weight.to(averaged[0].dtype))
+    else:  # integer buffers (BatchNorm's batch count), rounded as torch's EMA rounds them
+        for a, c in zip(averaged, current, strict=True):
+            a.copy_(a + (c - a) * weight)

@@ -69,13 +69,18 @@ def set_tf32(on: bool, device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = on
 
 
-def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, t: TrainConfig, *,
+                    fused: bool = False) -> torch.optim.Optimizer:
     """timm's factory: no weight decay on norm layers and biases (filter_bias_and_bn); with
     `train.bn_bias_lr_scale`, the BatchNorm biases in a group of their own at that multiple of
-    the learning rate (the schedule scales every group alike). Frozen parameters are left out."""
+    the learning rate (the schedule scales every group alike). Frozen parameters are left out.
+    `fused` (fp16): torch's fused kernels, which skip an update with inf/NaN gradients on the
+    device, so GradScaler never reads its inf check on the host."""
     from timm.optim import create_optimizer_v2
 
     kwargs = {"momentum": t.momentum} if t.optimizer in ("sgd", "nesterov") else {}
+    if fused:
+        kwargs["fused"] = True
     params = model if t.bn_bias_lr_scale == 1 else _param_groups(model, t)
     return create_optimizer_v2(
         params, opt=OPTIMIZER_NAMES[t.optimizer], lr=t.lr, weight_decay=t.weight_decay, **kwargs
@@ -116,20 +121,21 @@ class EpochStats:
     loss_sum: torch.Tensor | float = 0.0
     micro_batches: int = 0
     samples: int = 0
-    updates: int = 0  # applied updates; their pre-clip norms are summed in grad_norm_sum
-    grad_norm_sum: torch.Tensor | float = 0.0
-    skipped_updates: int = 0  # fp16: inf/NaN gradients, the optimizer step was skipped
+    updates: int = 0  # windows closed, skipped ones too (fp16: inf/NaN gradients)
+    grad_norm_sum: torch.Tensor | float = 0.0  # the pre-clip norms of the applied updates
+    skipped_updates: torch.Tensor | float = 0.0  # fp16: updates the scaler skipped
 
     def summary(self) -> dict[str, float]:
         """The epoch's means; with several ranks, train_loss over every rank's micro-batches and
         `samples` summed (the ranks' gradients, and so their norms, are the same)."""
         from accel.ranks import sum_over_ranks
 
+        skipped = float(self.skipped_updates)
         return {
             "train_loss": sum_over_ranks(float(self.loss_sum))
             / max(1.0, sum_over_ranks(self.micro_batches)),
-            "grad_norm": float(self.grad_norm_sum) / max(1, self.updates),
-            "skipped_updates": float(self.skipped_updates),
+            "grad_norm": float(self.grad_norm_sum) / max(1.0, self.updates - skipped),
+            "skipped_updates": skipped,
             "samples": sum_over_ranks(self.samples),
         }
 
@@ -195,7 +201,7 @@ class UpdateStep:
         scheduler=None,
         channels_last: bool = False,
         non_blocking: bool = False,
-        after_update: Callable[[], None] | None = None,
+        after_update: Callable[[torch.Tensor | None], None] | None = None,
     ):
         self.model, self.optimizer, self.loss_fn, self.device = model, optimizer, loss_fn, device
         self.accumulation_steps = accumulation_steps
@@ -203,20 +209,13 @@ class UpdateStep:
         self.clip_grad_norm = clip_grad_norm
         self.scheduler = scheduler
         self.channels_last, self.non_blocking = channels_last, non_blocking
-        self.after_update = after_update  # e.g. a moving average of the new weights
+        self.after_update = after_update  # e.g. a moving average of the new weights; told
+        # `skipped` (fp16: a device tensor, 1.0 for an update the scaler skipped; else None)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.updates = 0
         self.stats = EpochStats()
-        if scaler is not None:  # know whether the scaler applied an update without asking it
-            self._applied = False
-            inner = optimizer.step
-
-            @functools.wraps(inner)  # keeps the LR scheduler's mark on the step it wrapped
-            def step(*args, **kwargs):
-                self._applied = True
-                return inner(*args, **kwargs)
-
-            optimizer.step = step
+        self.skipped: torch.Tensor | None = None  # fp16: 1.0 on the device if the last update
+        # was skipped, else 0.0; what follows an update weighs by it without reading it
 
     def window_of(self, iteration: int, epoch_length: int) -> tuple[int, bool]:
         """(size of the window this micro-batch belongs to, whether it is the window's last)."""
@@ -254,35 +253,38 @@ class UpdateStep:
 
     def update(self) -> dict[str, torch.Tensor]:
         """unscale -> clip -> step -> scaler update -> zero_grad -> scheduler, once per window.
-        An update the fp16 scaler skips (inf/NaN gradients) moves nothing else: not the update
-        count, the moving average, the budget or the schedule."""
+        An update the fp16 scaler skips (inf/NaN gradients) moves neither the weights, nor the
+        optimizer's state, nor the moving average, and its norm is left out of the epoch's mean,
+        all decided on the device from the scaler's inf check (`self.skipped`), never read by
+        the host. The schedule and the update count count it as a step taken, as the budget's
+        clock does (docs/gpu-check.md#fp16-a-skipped-update-decided-on-the-device)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip and report true gradient magnitudes
+            found = self.scaler._found_inf_per_device(self.optimizer).values()
+            self.skipped = sum(f.to(self.device, non_blocking=True) for f in found).clamp(max=1)
         max_norm = self.clip_grad_norm if self.clip_grad_norm is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)  # norm before clipping
         out = {"grad_norm": grad_norm.detach()}
         if self.scaler is not None:
-            # GradScaler.step reads its inf check once (torch's own sync, fp16 only) and calls
-            # optimizer.step only when it is clean: the wrapped step says so, with no read here.
-            self._applied = False
+            # A fused optimizer takes the inf check from the scaler and skips on the device;
+            # any other reads it on the host once (torch's GradScaler.step).
             self.scaler.step(self.optimizer)
             self.scaler.update()
             out["loss_scale"] = self.scaler._get_scale_async().detach().clone()  # on the device
-            skipped = not self._applied
         else:
             self.optimizer.step()
-            skipped = False
         self.optimizer.zero_grad(set_to_none=True)
-        if skipped:  # its inf/NaN norm says nothing about the gradients that were applied
-            self.stats.skipped_updates += 1
-            return out
-        self.updates += 1  # what follows an update sees it counted
+        self.updates += 1  # counted before what follows an update, which reads the count
         if self.after_update is not None:
-            self.after_update()
+            self.after_update(self.skipped)
         if self.scheduler is not None:
             self.scheduler.step()
         self.stats.updates += 1
-        self.stats.grad_norm_sum += grad_norm.detach()
+        if self.skipped is None:
+            self.stats.grad_norm_sum += grad_norm.detach()
+        else:  # a skipped update's norm is inf or NaN: left out of the mean, and counted
+            self.stats.grad_norm_sum += torch.where(self.skipped > 0, 0.0, grad_norm.detach())
+            self.stats.skipped_updates += self.skipped
         return out
 
 

@@ -388,7 +388,7 @@ def test_fp16_skipped_update_is_counted_and_left_out_of_grad_norm():
     assert torch.equal(outputs[2], before)  # window 1 was skipped: the weights did not move
     assert not math.isfinite(float(outputs[1]["grad_norm"]))  # window 1's norm, as reported
     stats = step.stats.summary()
-    assert step.stats.skipped_updates == 1 and step.stats.updates == 1
+    assert stats["skipped_updates"] == 1 and step.stats.updates == 2  # windows: 1 skipped
     assert math.isfinite(stats["grad_norm"]) and stats["grad_norm"] > 0
     assert stats["grad_norm"] == pytest.approx(float(outputs[-1]["grad_norm"]))  # window 2 only
     assert scaler.get_scale() == 2.0**9  # the scaler backed off once
@@ -439,8 +439,8 @@ def test_the_moving_average_follows_each_update_not_each_micro_batch():
     averaged = E.moving_average(model, 0.75)
     after_each: list[dict[str, torch.Tensor]] = []
 
-    def after_update():
-        averaged.update_parameters(model)
+    def after_update(skipped):
+        averaged.update_parameters(model, skipped)
         after_each.append({k: v.detach().clone() for k, v in model.state_dict().items()})
 
     step = E.UpdateStep(model, torch.optim.SGD(model.parameters(), lr=0.5), nn.CrossEntropyLoss(),
@@ -461,32 +461,57 @@ def test_the_moving_average_follows_each_update_not_each_micro_batch():
     assert {"0.weight", "2.weight", "1.running_mean"} <= set(moved)  # the average saw updates
 
 
-def test_an_update_the_fp16_scaler_skips_moves_nothing_else():
-    """torch's CPU GradScaler and an inf in the batch: the optimizer step is skipped, and so
-    are the update count, what follows an update (the moving average, the budget) and the
-    schedule; the next clean update moves them all once. The scale is halved, on the device."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_an_update_the_fp16_scaler_skips_moves_no_weight_no_state_and_no_average(fused):
+    """torch's CPU GradScaler and an inf in the batch: the update is skipped on the device (a
+    fused optimizer, as accel builds it for fp16; any other: torch's GradScaler on the host).
+    The weights, the optimizer's momentum and the moving average stay where they were, the
+    skip is counted and its norm left out; the schedule and the update count take the step
+    (a step attempted, as the budget's clock counts it). The next clean update moves them all.
+    The scale is halved, on the device."""
     model = mlp()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    t = TrainConfig(optimizer="sgd", lr=0.5, momentum=0.9)
+    optimizer = E.build_optimizer(model, t, fused=fused)
+    assert getattr(optimizer, "_step_supports_amp_scaling", False) is fused
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: 1 / (1 + u))
-    after = []
+    averaged = E.moving_average(model, 0.5)
+    averaged.update_parameters(model)  # started: the next updates are averaged
+    told = []
+
+    def after_update(skipped):
+        told.append(float(skipped))
+        averaged.update_parameters(model, skipped)
+
     step = E.UpdateStep(model, optimizer, nn.CrossEntropyLoss(), CPU, amp_dtype=torch.float16,
                         scaler=E.build_scaler(torch.float16, CPU), scheduler=scheduler,
-                        after_update=lambda: after.append(1))
+                        after_update=after_update)
     engine = type("E", (), {})()
     engine.state = type("S", (), {"iteration": 1, "epoch_length": 10})()
     (x, y), = batches(1, 8)
-    before = [p.detach().clone() for p in model.parameters()]
+    step(engine, (x, y))  # a clean update first: momentum buffers exist
+    weights = [p.detach().clone() for p in model.parameters()]
+    momenta = [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    average = {k: v.clone() for k, v in averaged.state_dict().items()}
     bad = x.clone()
     bad[0, 0] = math.inf
-    out = step(engine, (bad, y))
-    assert step.stats.skipped_updates == 1 and step.updates == 0 and after == []
-    assert scheduler.last_epoch == 0 and optimizer.param_groups[0]["lr"] == 0.5
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    assert out["loss_scale"].item() == 2.0**15  # 2^16 halved, kept as a tensor
     engine.state.iteration = 2
+    out = step(engine, (bad, y))
+    assert told == [0.0, 1.0]
+    assert all(torch.equal(a, p) for a, p in zip(weights, model.parameters(), strict=True))
+    assert all(torch.equal(m, optimizer.state[p]["momentum_buffer"])
+               for m, p in zip(momenta, model.parameters(), strict=True))
+    assert all(torch.equal(v, averaged.state_dict()[k]) for k, v in average.items()
+               if k != "n_averaged")
+    assert out["loss_scale"].item() == 2.0**15  # 2^16 halved, kept as a tensor
+    assert step.updates == 2 and scheduler.last_epoch == 2  # the step attempted is counted
+    stats = step.stats.summary()
+    assert stats["skipped_updates"] == 1.0
+    assert stats["grad_norm"] == pytest.approx(float(step.stats.grad_norm_sum))  # 1 applied
+    engine.state.iteration = 3
     step(engine, (x, y))
-    assert step.updates == 1 and after == [1] and scheduler.last_epoch == 1
-    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert told == [0.0, 1.0, 0.0] and step.updates == 3
+    assert not any(torch.equal(a, p) for a, p in zip(weights, model.parameters(), strict=True))
+    assert not torch.equal(average["module.1.weight"], averaged.state_dict()["module.1.weight"])
 
 
 def test_accel_nets_have_no_module_without_a_deterministic_cuda_backward():

@@ -85,7 +85,7 @@ def build(cfg: Config, replay: Replay | None = None) -> Parts:
     epoch_length = t.epoch_length or len(data.train)
     notes += _once(None if t.epoch_length else few_updates(data.train, t.accumulation_steps,
                                                            epoch_length))
-    optimizer = engine.build_optimizer(model, t)
+    optimizer = engine.build_optimizer(model, t, fused=amp_dtype is torch.float16)
     averaged = engine.moving_average(bare, t.ema_decay) if t.ema_decay else None
     revisions = replay.revisions if replay else None  # a logged plan: replayed
     scheduler = build_scheduler(optimizer, t, epoch_length, revisions=revisions,
@@ -165,14 +165,14 @@ def _after_update(t, bare: torch.nn.Module, averaged, budget: Budget | None):
                                  drop_grad=ranks.world_size() == 1, due=due)
             if whitening is not None and t.whiten_bias_epochs is not None else None)
 
-    def after_update() -> None:
+    def after_update(skipped: torch.Tensor | None) -> None:
         if budget is not None:
             budget.after_update()
         if held is not None:
             held.hold_when_due()
             held.put_back()
         if averaged is not None:
-            averaged.update_parameters(bare)
+            averaged.update_parameters(bare, skipped)
 
     needed = held is not None or averaged is not None or budget is not None
     return held, after_update if needed else None

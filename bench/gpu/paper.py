@@ -81,7 +81,8 @@ def build(name: str, size: int, m: Mode, device: torch.device):
         model = compile_model(model, m.compile)
     t = TrainConfig(optimizer="adamw", lr=1e-3, accumulation_steps=m.accumulation, amp=m.amp)
     amp = resolve_amp(m.amp, device)
-    return UpdateStep(model, build_optimizer(model, t), torch.nn.CrossEntropyLoss(), device,
+    optimizer = build_optimizer(model, t, fused=amp is torch.float16)  # as accel builds it
+    return UpdateStep(model, optimizer, torch.nn.CrossEntropyLoss(), device,
                       accumulation_steps=m.accumulation, amp_dtype=amp,
                       scaler=build_scaler(amp, device), channels_last=m.channels_last,
                       non_blocking=m.loader.endswith("pm"))

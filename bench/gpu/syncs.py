@@ -81,15 +81,15 @@ def make_step(amp: str, device: torch.device, model_name: str, accumulation: int
 
     model = timm.create_model(model_name, num_classes=10).to(device)
     t = TrainConfig(optimizer="adamw", lr=1e-3, amp=amp, accumulation_steps=accumulation)
-    optimizer = build_optimizer(model, t)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: 1 / (1 + u / 100))
     dtype = resolve_amp(amp, device)
+    optimizer = build_optimizer(model, t, fused=dtype is torch.float16)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: 1 / (1 + u / 100))
     ema = moving_average(model, 0.99)
     step = UpdateStep(model, optimizer, torch.nn.CrossEntropyLoss(), device,
                       accumulation_steps=accumulation, amp_dtype=dtype,
                       scaler=build_scaler(dtype, device), clip_grad_norm=1.0,
                       scheduler=schedule,
-                      after_update=lambda: ema.update_parameters(model))
+                      after_update=lambda skipped: ema.update_parameters(model, skipped))
     return step
 
 
