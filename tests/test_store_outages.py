@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.local_services import LocalPostgres, MlflowServer, postgres_bin
+from checks.chaos.services import LocalPostgres, MlflowServer, postgres_bin
 from tests.conftest import ROOT
 
 # Trials of a few seconds, several epochs each: a store can go away inside one.

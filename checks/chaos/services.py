@@ -1,7 +1,7 @@
 """Stores of a study's own, started and stopped at will: a PostgreSQL cluster in a scratch folder
-on its own port, and an `mlflow server` on its own port. For tests and benchmarks that restart
-them under a running study (tests/test_store_outages.py, bench/chaos.py). Each runs in its own
-session and is stopped with its whole process group; nothing outlives `close()`."""
+on its own port, and an `mlflow server` on its own port. For the chaos check and the tests that
+restart them under a running study (tests/test_store_outages.py). Each runs in its own session
+and is stopped with its whole process group; nothing outlives `close()`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,11 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from checks.common import free_port
 
 
 def postgres_bin() -> Path | None:

@@ -1,48 +1,23 @@
-"""Faults at random under a running study, then a calm invocation, then what was lost.
-
-    python bench/chaos.py --seconds 300 --seed 0
-
-A study of short trials runs as `accel tune --workers 2` against its own PostgreSQL (a cluster in
-a scratch folder, on its own port: bench/local_services.py) and its own `mlflow server` backed by
-it. For `--seconds`, faults of every kind land at seeded random times, each kind at least twice:
-a worker process SIGKILLed; a worker frozen (SIGSTOP) past the heartbeat grace period while
-another node starts on the study, then continued (a long GC pause, a swapped-out process, a VM
-frozen for a live migration); the whole
-invocation SIGKILLed (and started again); the invocation SIGTERMed (a preemption, a time limit;
-started again); the MLflow server restarted; PostgreSQL restarted (fast shutdown: connections
-ended); PostgreSQL killed (SIGKILL to all its processes, then started: crash recovery). An
-invocation that ends is started again. Then a calm invocation runs what is queued, and
-`accel best` answers.
-
-It prints the figures: faults by kind, every invocation's exit code, the trials by state,
-retried, lost (a FAIL trial neither retried nor past its retry limit), runs left RUNNING, runs
-per trial, the parent run's status, and the invocations whose output holds a traceback. Exit 0
-when nothing was lost, nothing is RUNNING, every trial has exactly one run, the parent is
-FINISHED and no output holds a traceback; else 1. Everything it starts is stopped and its
-scratch removed, also on Ctrl-C.
-"""
+"""The chaos check's study and the faults done to it: its own PostgreSQL and `mlflow server`
+(services.py), `accel tune` invocations kept running, and each kind of fault injected into them
+at its planned time."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from accel.uris import with_driver  # noqa: E402
-from bench.local_services import LocalPostgres, MlflowServer  # noqa: E402
+from accel.uris import with_driver
+from checks.chaos.services import LocalPostgres, MlflowServer
+from checks.common import ROOT
 
 KINDS = ("worker SIGKILL", "worker frozen", "invocation SIGKILL", "invocation SIGTERM",
          "MLflow server restart", "PostgreSQL restart", "PostgreSQL SIGKILL")
@@ -245,102 +220,3 @@ class Chaos:
         if self.server is not None:
             self.server.stop()
         self.pg.close()
-
-
-def figures(chaos: Chaos) -> dict:
-    """What the study and MLflow hold after the chaos."""
-    from mlflow.tracking import MlflowClient
-    from optuna.storages import RetryFailedTrialCallback
-
-    from accel.tune.storage import MAX_RETRY
-
-    trials = chaos.trials()
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
-    lost = [(t.number, t.user_attrs.get("accel.error", "no error recorded")) for t in trials
-            if t.state.name == "FAIL" and t.number not in retried
-            and len(RetryFailedTrialCallback.retry_history(t)) < MAX_RETRY]
-    client = MlflowClient(chaos.server.url)
-    exp = client.get_experiment_by_name(STUDY)
-    runs = client.search_runs([exp.experiment_id], max_results=5000)
-    per_trial = Counter(r.data.tags.get("optuna.trial_number") for r in runs
-                        if r.data.tags.get("accel.role") == "trial")
-    parents = [r for r in runs if r.data.tags.get("accel.role") == "study"]
-    return {
-        "trials": Counter(t.state.name for t in trials), "retried": len(retried),
-        "lost": lost, "running": [r.info.run_name for r in runs if r.info.status == "RUNNING"],
-        "runs per trial": Counter(per_trial.get(str(t.number), 0) for t in trials
-                                  if t.state.name != "WAITING"),
-        "parent": [p.info.status for p in parents],
-    }
-
-
-def report(chaos: Chaos, found: dict, seconds: float, seed: int, took: float) -> bool:
-    ok = (not found["lost"] and not found["running"] and set(found["runs per trial"]) == {1}
-          and found["parent"] == ["FINISHED"] and not chaos.tracebacks)
-    print(f"## chaos: seed {seed}, {seconds:.0f} s of faults, {took:.0f} s in all")
-    print("| figure | value |\n| --- | --- |")
-    print(f"| faults | {sum(chaos.faults.values())}: "
-          + ", ".join(f"{chaos.faults[k]} {k}" for k in KINDS) + " |")
-    print("| invocations (how ended: exit code) | "
-          + ", ".join(f"{how}: {code}" for how, code, _ in chaos.exits) + " |")
-    print(f"| trials | {sum(found['trials'].values())}: "
-          + ", ".join(f"{n} {s}" for s, n in sorted(found["trials"].items())) + " |")
-    print(f"| retried (queued again) | {found['retried']} |")
-    print(f"| lost (FAIL, not retried, under the retry limit) | {len(found['lost'])} "
-          f"{[n for n, _ in found['lost']] or ''} |")
-    print(f"| runs RUNNING | {len(found['running'])} {found['running'] or ''} |")
-    print("| runs per trial | " + ", ".join(f"{n} trial(s) with {k}" for k, n in
-                                           sorted(found["runs per trial"].items())) + " |")
-    print(f"| parent run | {', '.join(found['parent'])} |")
-    print(f"| frozen workers back to a trial failed meanwhile (left to its retry) | "
-          f"{chaos.lost_leases} |")
-    print(f"| invocations with a traceback | {len(chaos.tracebacks)} "
-          f"{chaos.tracebacks or ''} |")
-    print(f"verdict: {'nothing lost' if ok else 'LOST, LEFT RUNNING OR A TRACEBACK'}")
-    for number, error in found["lost"]:
-        print(f"  lost trial {number}: {error}")
-    for i, (how, code, last) in enumerate(chaos.exits):
-        if last:
-            print(f"  invocation {i} ({how}, exit {code}): {last}")
-    return ok
-
-
-def _stop(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=300)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--logs", type=Path, help="a folder to keep the invocations' output in")
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop)  # stopped from outside: still stop what it started
-    start = time.time()
-    with tempfile.TemporaryDirectory(prefix="accel-chaos-") as tmp:
-        chaos = Chaos(Path(tmp), args.seed)
-        try:
-            began = time.time()
-            for at, kind in plan(args.seconds, args.seed):
-                while time.time() - began < at:
-                    chaos.keep_running()
-                    time.sleep(0.5)
-                print(f"[{time.time() - began:5.0f} s] {kind}", flush=True)
-                chaos.keep_running()
-                chaos.inject(kind)
-            while time.time() - began < args.seconds:
-                chaos.keep_running()
-                time.sleep(0.5)
-            chaos.calm()
-            ok = report(chaos, figures(chaos), args.seconds, args.seed, time.time() - start)
-        finally:
-            chaos.close()
-            if args.logs:
-                args.logs.mkdir(parents=True, exist_ok=True)
-                for log in Path(tmp).glob("*.log"):
-                    shutil.copy(log, args.logs / log.name)
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
