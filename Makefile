@@ -49,16 +49,16 @@ gpu-wheels: $(STAMP)
 gpu-check:
 	$(PYTHON) bench/gpu_check.py $(or $(OUT),$(error gpu-check needs OUT=<folder>)) $(if $(STEPS),--steps $(STEPS))
 
-# The docker/ stack built and run (bench/docker_check.py): needs docker (root starts dockerd if
-# none runs), downloads gigabytes the first time; not part of `make test`.
+# The docker/ stack built and run (checks/docker/): needs docker (root starts dockerd if none
+# runs), downloads gigabytes the first time; not part of `make test`.
 docker-check: $(STAMP)
-	$(BIN)/python bench/docker_check.py
+	$(BIN)/python -m checks.docker
 
 # A study as a 2-task Slurm job array on a one-node Slurm made from Debian's slurm-wlm and munge
 # (installed when missing), a task requeued mid-epoch, then everything stopped and removed
-# (bench/slurm_check.py): needs root; not part of `make test`.
+# (checks/slurm/): needs root; not part of `make test`.
 slurm-check: $(STAMP)
-	$(BIN)/python bench/slurm_check.py
+	$(BIN)/python -m checks.slurm
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,21 +1,25 @@
 """What `make docker-check` relies on, checked without a docker daemon: the compose file as
 Debian's docker-compose 1.29 reads it, the Dockerfile's extra-CA argument, the stand-in images'
-recipe, the check's own helpers, and bench/stack_capacity.py on a tiny scale."""
+recipe, the check's own helpers (checks/docker/), and bench/stack_capacity.py on a tiny scale."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 
 import pytest
 import yaml
 
+from bench import stack_capacity as sc
+from checks.docker.helpers import (
+    debootstrap_argv,
+    parse_dotenv,
+    prune_paths,
+    read_extra_ca,
+    trials_per_minute,
+)
+from checks.docker.settings import OVERRIDE, PG_BIN, POSTGRES_BASE, PROJECT, PYTHON_BASE, STANDINS
 from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "bench"))
-import docker_check as dc  # noqa: E402
-import stack_capacity as sc  # noqa: E402
 
 DOCKER = ROOT / "docker"
 
@@ -24,8 +28,8 @@ def test_compose_file_is_read_by_compose_v1_and_v2():
     stack = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     # docker-compose 1.29 refuses a top-level `name:`; the project name comes from .env or -p.
     assert "name" not in stack
-    example = dc.parse_dotenv((DOCKER / ".env.example").read_text())
-    assert example["COMPOSE_PROJECT_NAME"] == dc.PROJECT
+    example = parse_dotenv((DOCKER / ".env.example").read_text())
+    assert example["COMPOSE_PROJECT_NAME"] == PROJECT
     args = stack["x-accel"]["build"]["args"]
     assert args["EXTRA_CA_CERT"] == "${EXTRA_CA_CERT:-}"
 
@@ -37,8 +41,8 @@ def test_docker_compose_v1_accepts_the_stack_and_the_checks_override(tmp_path):
     (copy / ".env").write_text((DOCKER / ".env.example").read_text().replace(
         "POSTGRES_PASSWORD=\n", "POSTGRES_PASSWORD=not-a-secret\n"))
     override = tmp_path / "override.yaml"
-    override.write_text(dc.OVERRIDE)
-    proc = subprocess.run(["docker-compose", "-p", dc.PROJECT, "-f", str(copy / "compose.yaml"),
+    override.write_text(OVERRIDE)
+    proc = subprocess.run(["docker-compose", "-p", PROJECT, "-f", str(copy / "compose.yaml"),
                            "-f", str(override), "config"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     merged = yaml.safe_load(proc.stdout)
@@ -49,7 +53,7 @@ def test_docker_compose_v1_accepts_the_stack_and_the_checks_override(tmp_path):
     with (copy / ".env").open("a") as env:
         env.write("ACCEL_DB_BIND=10.0.0.5\nACCEL_MLFLOW_BIND=10.0.0.5\n"
                   "ACCEL_ALLOWED_HOSTS=mlflow,mlflow:*,10.0.0.5,10.0.0.5:*\n")
-    proc = subprocess.run(["docker-compose", "-p", dc.PROJECT, "-f", str(copy / "compose.yaml"),
+    proc = subprocess.run(["docker-compose", "-p", PROJECT, "-f", str(copy / "compose.yaml"),
                            "config"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     services = yaml.safe_load(proc.stdout)["services"]
@@ -66,7 +70,7 @@ def test_every_setting_the_stack_reads_is_in_the_env_example():
     used = set(re.findall(r"\$\{(\w+)", (DOCKER / "compose.yaml").read_text()))
     text = (DOCKER / ".env.example").read_text()
     assert sorted(v for v in used if v not in text) == []
-    example = dc.parse_dotenv(text)
+    example = parse_dotenv(text)
     assert example["ACCEL_DB_BIND"] == example["ACCEL_MLFLOW_BIND"] == "127.0.0.1"
     services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
     assert services["db"]["ports"] == ["${ACCEL_DB_BIND:-127.0.0.1}:${ACCEL_DB_PORT:-5432}:5432"]
@@ -89,17 +93,17 @@ def test_dockerfile_takes_an_extra_ca_for_the_build():
 def test_extra_ca_comes_from_a_file_or_the_hosts_local_certificates(tmp_path):
     pem = tmp_path / "ca.pem"
     pem.write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
-    assert dc.read_extra_ca(str(pem)) == pem.read_text().strip()
+    assert read_extra_ca(str(pem)) == pem.read_text().strip()
 
 
 def test_standins_match_what_the_stack_calls():
-    python = dc.STANDINS[dc.PYTHON_BASE]
+    python = STANDINS[PYTHON_BASE]
     # The Dockerfile and the healthchecks call `python`; Debian names it python3.
     assert "python-is-python3" in python["packages"]
-    assert "/usr/lib/python3.11/EXTERNALLY-MANAGED" in dc.prune_paths(dc.PYTHON_BASE)
-    postgres = dc.STANDINS[dc.POSTGRES_BASE]
-    assert any(c.startswith(f"ENV PATH={dc.PG_BIN}:") for c in postgres["changes"])  # pg_isready
-    argv = dc.debootstrap_argv(ROOT / "rootfs", python["packages"])
+    assert "/usr/lib/python3.11/EXTERNALLY-MANAGED" in prune_paths(PYTHON_BASE)
+    postgres = STANDINS[POSTGRES_BASE]
+    assert any(c.startswith(f"ENV PATH={PG_BIN}:") for c in postgres["changes"])  # pg_isready
+    argv = debootstrap_argv(ROOT / "rootfs", python["packages"])
     assert argv[argv.index("--variant=minbase") + 1].startswith("--include=python3,")
 
 
@@ -114,8 +118,8 @@ def test_postgres_standin_entrypoint_keeps_the_official_contract():
 
 
 def test_trials_per_minute_counts_from_first_start_to_last_end():
-    assert dc.trials_per_minute([(0.0, 10.0), (5.0, 30.0)]) == pytest.approx(4.0)
-    assert dc.trials_per_minute([]) == 0.0
+    assert trials_per_minute([(0.0, 10.0), (5.0, 30.0)]) == pytest.approx(4.0)
+    assert trials_per_minute([]) == 0.0
 
 
 def test_capacity_levels_and_saturation():

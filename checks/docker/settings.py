@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from checks.common import ROOT, stamped
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 ENV_FILE = DOCKER / ".env"
@@ -45,8 +43,5 @@ services:
   worker: *check
 """
 
-
-
-def log(msg: str) -> None:
-    print(f"[docker-check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = stamped("docker-check")
 

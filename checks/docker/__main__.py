@@ -1,6 +1,6 @@
 """`make docker-check`: the docker/ stack built and run, checked from the host, then removed.
 
-    .venv/bin/python bench/docker_check.py [--trials 6] [--rebuild] [--extra-ca FILE]
+    .venv/bin/python -m checks.docker [--trials 6] [--rebuild] [--extra-ca FILE]
 
 1. A docker daemon: the running one, else `dockerd` started here (its own process group, stopped
    at the end with everything it started).
@@ -36,37 +36,20 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.stack, when run as a script
-
-from bench.stack.checks import (
+from checks.docker.checks import (
     check_best_and_reproduce,
     check_retry,
     check_runs,
     leftovers,
     throughput,
 )
-from bench.stack.helpers import (  # noqa: F401 (tests/test_docker.py reads these here)
-    debootstrap_argv,
-    parse_dotenv,
-    prune_paths,
-    read_extra_ca,
-    trials_per_minute,
-)
-from bench.stack.machine import Check
-from bench.stack.settings import (  # noqa: F401
-    ENV_FILE,
-    OVERRIDE,
-    PG_BIN,
-    POSTGRES_BASE,
-    PROJECT,
-    PYTHON_BASE,
-    STANDINS,
-    log,
-)
+from checks.docker.machine import Check
+from checks.docker.settings import ENV_FILE, log
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m checks.docker",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=6, help="trials per worker (default 6)")
     parser.add_argument("--rebuild", action="store_true", help="build the image without cache")
     parser.add_argument("--extra-ca", help="PEM file of CA certificates for the image build "

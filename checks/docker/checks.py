@@ -7,11 +7,11 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.stack.helpers import child_runs, client, in_worker, study_parents, trials_per_minute
-from bench.stack.settings import PROJECT
+from checks.docker.helpers import child_runs, client, in_worker, study_parents, trials_per_minute
+from checks.docker.settings import PROJECT
 
 if TYPE_CHECKING:
-    from bench.stack.machine import Check
+    from checks.docker.machine import Check
 
 
 def check_runs(check: Check, name: str, trials: list[dict]) -> None:

@@ -1,4 +1,4 @@
-"""`make slurm-check`'s study on the cluster bench/slurm_check.py starts: submit it as a 2-task
+"""`make slurm-check`'s study on the cluster cluster.py starts: submit it as a 2-task
 array, requeue a task while its trial is inside an epoch, wait for the array, check the study and
 its MLflow runs. Returns the names of the failed checks."""
 
@@ -11,7 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench.slurm_common import EXPERIMENT, ROOT, STUDY, log, wait_for
+from checks.common import ROOT, wait_for
+from checks.slurm.settings import EXPERIMENT, STUDY, log
 
 TASKS = 2
 

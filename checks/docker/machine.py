@@ -13,12 +13,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.stack.helpers import (
+from checks.common import ROOT, free_port
+from checks.docker.helpers import (
     child_runs,
     compose_command,
     container_ids,
     debootstrap_argv,
-    free_port,
     health,
     http_code,
     http_ok,
@@ -28,7 +28,7 @@ from bench.stack.helpers import (
     prune_paths,
     read_extra_ca,
 )
-from bench.stack.settings import (
+from checks.docker.settings import (
     COMPOSE,
     DOCKER,
     ENV_FILE,
@@ -39,7 +39,6 @@ from bench.stack.settings import (
     POSTGRES_BASE,
     PROJECT,
     PYTHON_BASE,
-    ROOT,
     STANDINS,
     log,
 )

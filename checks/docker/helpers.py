@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Protocol
 
-from bench.stack.settings import MIRROR, MLFLOW_URL, PROJECT, PYTHON_BASE
+from checks.docker.settings import MIRROR, MLFLOW_URL, PROJECT, PYTHON_BASE
 
 
 class Check(Protocol):
-    """What these helpers use of bench.stack.machine's Check (which imports them)."""
+    """What these helpers use of checks.docker.machine's Check (which imports them)."""
 
     def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess: ...
 
@@ -74,12 +73,6 @@ def health(ids: list[str]) -> str:
     proc = subprocess.run(["docker", "inspect", ids[0], "--format", "{{.State.Health.Status}}"],
                           capture_output=True, text=True)
     return proc.stdout.strip()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_code(url: str) -> int | None:
