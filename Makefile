@@ -39,15 +39,16 @@ test-fast: lint
 bench: $(STAMP)
 	for b in engine_overhead amp_cpu tracking_overhead cli_startup; do $(BIN)/python bench/$$b.py; done
 
-# The prepared GPU check (bench/gpu_check.py). Here, where pip reaches the registries: fill .gpu/
-# (git-ignored) with the wheels the GPU machine's python3 lacks, pinned to .venv, and the CIFAR-10
-# tarball, within the 64 MiB that travels. There, carrying .gpu: `make gpu-check OUT=$OUT`, run by
-# the machine's own python3 (torch with CUDA), not .venv; it writes $OUT/gpu_check.md and logs.
+# The GPU check (checks/gpu/). Where pip reaches the registries: fill .gpu/ (git-ignored) with the
+# wheels the GPU machine's python3 lacks, pinned to .venv, and the CIFAR-10 tarball, within the
+# 64 MiB the GPU machine takes with the working tree. There, with .gpu/ in the working tree:
+# `make gpu-check OUT=$OUT`, run by the machine's own python3 (torch with CUDA), not .venv; it
+# writes $OUT/gpu_check.md and logs.
 gpu-wheels: $(STAMP)
-	$(BIN)/python bench/gpu_check.py --prepare
+	$(BIN)/python -m checks.gpu --prepare
 
 gpu-check:
-	$(PYTHON) bench/gpu_check.py $(or $(OUT),$(error gpu-check needs OUT=<folder>)) $(if $(STEPS),--steps $(STEPS))
+	$(PYTHON) -m checks.gpu $(or $(OUT),$(error gpu-check needs OUT=<folder>)) $(if $(STEPS),--steps $(STEPS))
 
 # The docker/ stack built and run (checks/docker/): needs docker (root starts dockerd if none
 # runs), downloads gigabytes the first time; not part of `make test`.

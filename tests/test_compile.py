@@ -1,6 +1,6 @@
 """`train.compile`: off, or a torch.compile mode (default, reduce-overhead for CUDA graphs,
 max-autotune); true and false still mean default and off. The CPU path trains here; the CUDA
-modes are measured by `make gpu-check` (bench/gpu/paper.py)."""
+modes are measured by `make gpu-check` (checks/gpu/paper.py)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """The update step never makes the host wait for the device in steady state: a `.item()` (or a
 `bool`, `float`, `int`, `tolist`) on a device tensor per update serialises a GPU, since the
 host cannot queue the next update's kernels while it waits. On the CPU the reads are counted
-(bench/gpu/syncs.py); `make gpu-check` counts the CUDA syncs too."""
+(checks/gpu/syncs.py); `make gpu-check` counts the CUDA syncs too."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from bench.gpu import syncs
+from checks.gpu import syncs
 
 CPU = torch.device("cpu")
 UPDATES = 30

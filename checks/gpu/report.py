@@ -9,8 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.gpu import machine, plan
-from bench.gpu.runner import Row, run_step
+from checks.gpu import machine, plan
+from checks.gpu.runner import Row, run_step
 
 
 def write(out: Path, rows: list[Row], provenance: list[str], wall: float,

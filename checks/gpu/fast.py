@@ -1,11 +1,11 @@
 """Time to 94% on CIFAR-10, on one GPU: airbench94 (its PyPI package, untouched) against accel's
-fast recipe set to airbench's hyperparameters (bench.gpu.peer), same GPU, same JPEG pixels, same
+fast recipe set to airbench's hyperparameters (checks.gpu.peer), same GPU, same JPEG pixels, same
 process. airbench trains on all 50,000 images and is scored on the test set (its TTA); accel
 holds 10% out to watch its val accuracy reach the target (time_to_target_s: training seconds,
 evaluation excluded), tracked in MLflow as any run, and is scored on the same test set.
 
-    python -m bench.gpu.fast --target 0.94         # on the GPU (`make gpu-check`)
-    python -m bench.gpu.fast --dry-run             # on the CPU: one update of each, digits
+    python -m checks.gpu.fast --target 0.94         # on the GPU (`make gpu-check`)
+    python -m checks.gpu.fast --dry-run             # on the CPU: one update of each, digits
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from bench.gpu.records import emit
+from checks.gpu.records import emit
 
 RECIPE = "experiments/cifar10_fast.yaml"
 DRY_ACCEL = ("data.dataset=digits", "model.name=accel_cnn_s", "train.epochs=2",
@@ -27,7 +27,7 @@ DRY_ACCEL = ("data.dataset=digits", "model.name=accel_cnn_s", "train.epochs=2",
 
 def airbench_runs(data: Path, seeds: int, dry: bool, deadline: float) -> None:
     """A warm-up (cuDNN's kernel choice, as airbench's README asks), then `seeds` runs."""
-    from bench.gpu import peer
+    from checks.gpu import peer
 
     device, epochs, batch = ("cpu", 1.0, 128) if dry else ("cuda", None, None)
     if not dry:
@@ -43,7 +43,7 @@ def airbench_runs(data: Path, seeds: int, dry: bool, deadline: float) -> None:
 
 
 def _accel_overrides(dry: bool, data_root: Path) -> list[str]:
-    from bench.gpu.peer import accel_overrides
+    from checks.gpu.peer import accel_overrides
 
     return [*accel_overrides(), *DRY_ACCEL] if dry else [
         *accel_overrides(), f"data.root={data_root}", "train.device=cuda", "train.amp=bf16",
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     deadline = time.monotonic() + args.budget
     from accel.shared_data import cifar10_jpeg
-    from bench.gpu.cifar import write_airbench
+    from checks.gpu.cifar import write_airbench
 
     root = Path(os.environ["ACCEL_DATA"]) if os.environ.get("ACCEL_DATA") else cifar10_jpeg()
     work = Path(os.environ.get("ACCEL_WORK") or root.parent) / "airbench"

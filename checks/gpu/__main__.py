@@ -1,10 +1,10 @@
-"""A prepared GPU check: what a lent GPU machine should run, as one command and one report.
+"""The GPU check: what accel's techniques give on a CUDA machine, as one command and one report.
 
-    make gpu-wheels                      # here: fills .gpu/ (git-ignored), prints the size
-    make gpu-check OUT=$OUT              # there: python3 bench/gpu_check.py $OUT
-    .venv/bin/python bench/gpu_check.py --dry-run /tmp/gpu-check     # here: a rehearsal on CPU
+    make gpu-wheels                      # with network: fills .gpu/ (git-ignored), prints the size
+    make gpu-check OUT=$OUT              # on the GPU machine: python3 -m checks.gpu $OUT
+    .venv/bin/python -m checks.gpu --dry-run /tmp/gpu-check     # on a CPU: a rehearsal
 
-The steps, in their order of value (bench/gpu/plan.py), each with its own timeout and all
+The steps, in their order of value (checks/gpu/plan.py), each with its own timeout and all
 within 480 s on the device, setup included:
 
 1. paper      ResNet50, ViT-B/16 and EfficientNet-B0 at 224 px on CIFAR-10 held on the GPU:
@@ -29,14 +29,14 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+# The GPU machine's python3 lacks MLflow, Optuna and Ignite until setup installs them: these
+# modules import the standard library at their top (torch and accel.shared_data where used).
+from checks.gpu import carry, machine, plan, report
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(ROOT))  # bench.gpu, accel.shared_data: stdlib, yaml and torch only
-    from bench.gpu import carry, machine, plan, report
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m checks.gpu",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?", type=Path, help="folder for gpu_check.md and the logs")
     ap.add_argument("--dry-run", action="store_true", help="rehearse on CPU: no wheels, no CUDA")
     ap.add_argument("--prepare", action="store_true", help="here: fill .gpu/ (make gpu-wheels)")

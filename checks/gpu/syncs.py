@@ -9,8 +9,8 @@ Two counts, after a warm-up, over `--updates` updates:
 - CUDA: the syncs torch reports under `torch.cuda.set_sync_debug_mode("warn")`, which sees the
   ones inside torch (a GradScaler's inf check, `nonzero`, ...) too; CUDA only.
 
-    python -m bench.gpu.syncs              # on the GPU (`make gpu-check`)
-    python -m bench.gpu.syncs --dry-run    # on the CPU: the reads only
+    python -m checks.gpu.syncs              # on the GPU (`make gpu-check`)
+    python -m checks.gpu.syncs --dry-run    # on the CPU: the reads only
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections import Counter
 
 import torch
 
-from bench.gpu.records import emit
+from checks.gpu.records import emit
 
 READS = ("item", "__bool__", "__float__", "__int__", "tolist")
 

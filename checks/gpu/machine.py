@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpu.carry import (
+from checks.gpu.carry import (
     CARRIED,
     ROOT,
     TARBALL,
@@ -24,7 +24,7 @@ from bench.gpu.carry import (
     travel_bytes,
     wheel_problem,
 )
-from bench.gpu.runner import Row
+from checks.gpu.runner import Row
 
 
 def child_env(work: Path, dry: bool) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import statistics
 
-from bench.gpu.records import read
-from bench.gpu.runner import Summary
+from checks.gpu.records import read
+from checks.gpu.runner import Summary
 
 COUNTS = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 # Published training throughput at 224 px on one A100 (issue's sources): NVIDIA

@@ -28,7 +28,7 @@ def load():
     try:
         import airbench
     except ImportError:
-        from bench.gpu.carry import airbench_wheel
+        from checks.gpu.carry import airbench_wheel
 
         wheel = airbench_wheel()
         if wheel is None:
@@ -139,7 +139,7 @@ def accel_overrides() -> list[str]:
 
 
 # What stays different, read from airbench's source (lib_airbench94.py, utils.py) against
-# accel's: printed with bench/peer_airbench.py's table.
+# accel's: printed with peer_airbench.py's table.
 DIFFERENCES = (
     "epochs: accel trains whole epochs, 10 (480 updates); airbench 9.9 (476)",
     "averaging: accel evaluates a moving average of the weights (decay 0.98 per update, never "

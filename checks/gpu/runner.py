@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from checks.common import ROOT
+
 GRACE_S = 10  # SIGTERM, then this long before SIGKILL: accel marks its MLflow run KILLED
 
 

@@ -1,18 +1,18 @@
 """Fidelity with airbench94 at equal epochs, on the CPU: airbench94's own training (PyPI
-`airbench==0.1.8`, moved to the CPU by bench/gpu/peer.py: fp32, or bf16 autocast where its fp16
+`airbench==0.1.8`, moved to the CPU by checks/gpu/peer.py: fp32, or bf16 autocast where its fp16
 cannot run) against accel's fast recipe set to airbench's hyperparameters
-(`bench.gpu.peer.AIRBENCH_OVERRIDES`: batch 1024, lr, momentum, decay, triangle, label
+(`checks.gpu.peer.AIRBENCH_OVERRIDES`: batch 1024, lr, momentum, decay, triangle, label
 smoothing, BatchNorm, whitening bias held after 3 epochs), on the same JPEG CIFAR-10 (all 50,000
 training images, scored on the 10,000 test images, both with multi-crop TTA), seed by seed.
 
 Per seed: each side's test accuracy and training seconds; then the mean difference accel -
 airbench94 with its paired 95% Student-t interval (accel.verify.stats). What stays different
-between the two is listed in bench/gpu/peer.py and printed with the table.
+between the two is listed in checks/gpu/peer.py and printed with the table.
 
     make gpu-wheels                                  # builds the airbench wheel into .gpu/wheels
-    python bench/peer_airbench.py --seeds 3          # the full comparison: about an hour on an
+    python -m checks.gpu.peer_airbench --seeds 3     # the full comparison: about an hour on an
                                                      # idle 2-core machine
-    python bench/peer_airbench.py --seeds 2 --epochs 1 --train-limit 2048
+    python -m checks.gpu.peer_airbench --seeds 2 --epochs 1 --train-limit 2048
                                                      # a rehearsal (minutes)
 """
 
@@ -24,19 +24,18 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from checks.common import ROOT
 
 RECIPE = ROOT / "experiments" / "cifar10_fast.yaml"
 
 
 def accel_run(root: Path, seed: int, amp: str, epochs: int, train_limit: int | None) -> dict:
     """accel's recipe at airbench's hyperparameters on the training images airbench gets (all,
-    or the same `train_limit`), none held out (bench.gpu.cifar.peer_tree), untracked."""
+    or the same `train_limit`), none held out (checks.gpu.cifar.peer_tree), untracked."""
     from accel import config
     from accel.train import train
-    from bench.gpu.cifar import peer_tree
-    from bench.gpu.peer import accel_overrides
+    from checks.gpu.cifar import peer_tree
+    from checks.gpu.peer import accel_overrides
 
     cfg = config.load(RECIPE, [*accel_overrides(), f"data.root={peer_tree(root, train_limit)}",
                                "train.device=cpu", f"train.amp={amp}", "data.val_fraction=0",
@@ -47,14 +46,14 @@ def accel_run(root: Path, seed: int, amp: str, epochs: int, train_limit: int | N
 
 
 def airbench_run(data: Path, seed: int, amp: str, epochs: float) -> dict:
-    from bench.gpu import peer
+    from checks.gpu import peer
 
     return peer.train_on(data, "cpu", seed=seed, amp=amp, epochs=epochs)
 
 
 def report(rows: list[dict], args) -> None:
     from accel.verify.stats import paired_difference
-    from bench.gpu import peer
+    from checks.gpu import peer
 
     print(f"\nairbench94 ({args.airbench_epochs} epochs) and accel ({args.epochs} epochs), "
           f"{args.amp}, CPU, JPEG CIFAR-10\n")
@@ -79,7 +78,8 @@ def report(rows: list[dict], args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m checks.gpu.peer_airbench",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--amp", choices=("off", "bf16"), default="off",
                     help="off: fp32; bf16: autocast on both sides")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.airbench_epochs is None:
         args.airbench_epochs = 9.9 if args.epochs == 10 else float(args.epochs)
     from accel.shared_data import cifar10_jpeg
-    from bench.gpu.cifar import write_airbench
+    from checks.gpu.cifar import write_airbench
 
     root = cifar10_jpeg()
     data = write_airbench(root, root.parent / "airbench" / "cifar10", args.train_limit)

@@ -6,10 +6,10 @@ measurement builds the model afresh, runs `--warmup` updates (kernel selection, 
 times three blocks of updates of accel's own `UpdateStep` (accel.engine), each between two
 synchronisations, with cuDNN's autotuner on as in training: img/s = the blocks' median (their
 range beside it), peak memory = torch.cuda.max_memory_allocated. A measurement is printed
-(bench.gpu.records) as soon as it ends, so the step's timeout keeps what was done.
+(checks.gpu.records) as soon as it ends, so the step's timeout keeps what was done.
 
-    python -m bench.gpu.paper --budget 200           # on the GPU (what `make gpu-check` runs)
-    python -m bench.gpu.paper --dry-run              # tiny timm models at 64 px on the CPU
+    python -m checks.gpu.paper --budget 200           # on the GPU (what `make gpu-check` runs)
+    python -m checks.gpu.paper --dry-run              # tiny timm models at 64 px on the CPU
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu.records import emit
+from checks.gpu.records import emit
 
 MODELS = ("resnet50", "vit_base_patch16_224", "efficientnet_b0")
 DRY_MODELS = ("test_resnet", "test_vit", "test_efficientnet")
@@ -222,7 +222,7 @@ def resident_data(args, device: torch.device) -> tuple[torch.Tensor, torch.Tenso
     """Enough training images for every measurement, uint8 on the device at `args.size` px
     (resized there once, bilinear with antialias)."""
     from accel.shared_data import cifar10_jpeg
-    from bench.gpu.cifar import split
+    from checks.gpu.cifar import split
 
     root = Path(os.environ["ACCEL_DATA"]) if os.environ.get("ACCEL_DATA") else cifar10_jpeg()
     n = args.batch * (args.warmup + BLOCKS * args.updates) * 2

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.gpu import summaries
-from bench.gpu.runner import Step
+from checks.gpu import summaries
+from checks.gpu.runner import Step
 
 STEP_NAMES = ("paper", "fast", "syncs", "gpu_tests", "ablate", "ddp")
 BUDGET_S = 470
@@ -40,10 +40,10 @@ def steps(py: str, dry: bool, data_root: Path, gpus: int = 1) -> list[Step]:
     """Every step, full size on the GPU, tiny on the CPU for a dry run."""
     timeouts = DRY_TIMEOUTS if dry else TIMEOUTS
     flag = ["--dry-run"] if dry else []
-    paper = [py, "-m", "bench.gpu.paper", *flag, "--budget",
+    paper = [py, "-m", "checks.gpu.paper", *flag, "--budget",
              str(timeouts["paper"] - STEP_SETTLE_S)]
-    fast = [py, "-m", "bench.gpu.fast", *flag, "--target", str(DRY_TARGET if dry else TARGET)]
-    syncs = [py, "-m", "bench.gpu.syncs", *flag, *(["--updates", "10"] if dry else [])]
+    fast = [py, "-m", "checks.gpu.fast", *flag, "--target", str(DRY_TARGET if dry else TARGET)]
+    syncs = [py, "-m", "checks.gpu.syncs", *flag, *(["--updates", "10"] if dry else [])]
     if dry:
         tests = [py, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                  "tests"]

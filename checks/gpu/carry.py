@@ -1,10 +1,10 @@
-"""Here, where pip reaches the registries: `make gpu-wheels` fills .gpu/ with what travels.
+"""Where pip reaches the registries: `make gpu-wheels` fills .gpu/ with what the GPU machine needs.
 
 The GPU machine's python3 (3.12, torch with CUDA, timm, torchvision, scikit-learn, pytest) lacks
 MLflow, Optuna and Ignite, and has no network. `.gpu/wheels` holds one wheel per CARRIED name,
 pinned to the version in .venv, plus airbench's wheel (PyPI has only its sdist, so it is built
-here); `.gpu/` also holds a copy of the CIFAR-10 JPEG tarball. With the working tree it must stay
-within the 64 MiB a device call carries.
+here); `.gpu/` also holds a copy of the CIFAR-10 JPEG tarball. With the working tree it is copied
+to the GPU machine, which takes at most 64 MiB.
 """
 
 from __future__ import annotations
@@ -15,20 +15,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-GPU_DIR = ROOT / ".gpu"  # git-ignored; carried to the machine (`carry: [".gpu"]`)
+from checks.common import ROOT
+
+GPU_DIR = ROOT / ".gpu"  # git-ignored; copied to the GPU machine with the working tree
 WHEELS = GPU_DIR / "wheels"
 TARBALL = GPU_DIR / "cifar10-jpeg.tar.gz"
-TRAVEL_LIMIT = 64 * 2**20  # bytes: the working tree plus carried folders, per device call
+TRAVEL_LIMIT = 64 * 2**20  # bytes: the working tree and .gpu/ together, as the GPU machine takes
 PYTHON = "3.12"  # the GPU machine's python3
 # pip matches platform tags exactly: every manylinux the machine's glibc (2.39) can load.
 PLATFORMS = (*(f"manylinux_2_{n}_x86_64" for n in range(39, 16, -1)), "manylinux2014_x86_64",
              "manylinux1_x86_64")
-# The peer of the `fast` step and of bench/peer_airbench.py (Jordan 2024), an sdist on PyPI.
+# The peer of the `fast` step and of peer_airbench.py (Jordan 2024), an sdist on PyPI.
 AIRBENCH = ("airbench", "0.1.8")
 
 # What the machine's python3 lacks for `accel train`, `accel ablate` and the tests: the
-# Requires-Dist closure of these, minus the packages /work/.library/device/KINDS.md lists there.
+# Requires-Dist closure of these, minus the packages that python3 has (above).
 # mlflow-skinny and mlflow-tracing hold all of `mlflow`'s Python code; the full `mlflow` wheel
 # adds the UI's JavaScript and server dependencies. The SQLite store needs sqlalchemy + alembic,
 # and its model-registry tables import cryptography (a dependency of the full wheel only).
