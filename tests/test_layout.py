@@ -1,10 +1,13 @@
 """The package's shape (docs/architecture.md): small modules, short functions, and imports that
 flow one way, from the commands down to the config. These fail when a module or function grows
-past the limit, or when a lower layer starts importing a higher one."""
+past the limit, or when a lower layer starts importing a higher one. The outbuildings (bench/,
+checks/) keep the same size limits, import accel but never each other, and no module anywhere
+in the three imports itself back round a circle."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,7 @@ LAYERS = {
     "accel.shared_data": 2, "accel.resident": 2, "accel.schedule": 2,
     "accel.train": 3,
     "accel.tune": 4, "accel.reproduce": 4, "accel.resume": 4, "accel.ablation": 4,
-    "accel.registry": 4, "accel.evaluate": 4, "accel.verify": 4,
+    "accel.registry": 4, "accel.evaluate": 4, "accel.verify": 4, "accel.report": 4,
     "accel.cli": 5, "accel.__main__": 5,
 }
 
@@ -36,6 +39,11 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+# The benchmarks and the system checks: read and changed as often as the package.
+OUTBUILDINGS = {module_name(p): p for top in ("bench", "checks")
+                for p in sorted((ROOT / top).rglob("*.py"))}
+EVERY_MODULE = {**MODULES, **OUTBUILDINGS}
+TOPS = {name.split(".")[0] for name in EVERY_MODULE}
 
 
 def layer(name: str) -> int:
@@ -45,9 +53,16 @@ def layer(name: str) -> int:
     raise AssertionError(f"{name} has no layer in tests/test_layout.py: add it to LAYERS")
 
 
-def imported(name: str) -> set[str]:
-    """The accel modules `name` imports, anywhere in the file."""
-    tree = ast.parse(MODULES[name].read_text())
+def imported(name: str, modules: dict[str, Path] = MODULES, *,
+             types_too: bool = True) -> set[str]:
+    """The modules of `modules` that `name` imports, anywhere in the file; without
+    `types_too`, not those imported for type annotations alone (`if TYPE_CHECKING:`), which
+    never run and so close no import cycle."""
+    tree = ast.parse(EVERY_MODULE[name].read_text())
+    if not types_too:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                node.body = []
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -55,18 +70,18 @@ def imported(name: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.add(node.module)
             out |= {f"{node.module}.{a.name}" for a in node.names}
-    return {m for m in out if m in MODULES and m not in (name, "accel")}
+    return {m for m in out if m in modules and m != name and m not in TOPS}
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", EVERY_MODULE)
 def test_module_is_short(name):
-    lines = len(MODULES[name].read_text().splitlines())
+    lines = len(EVERY_MODULE[name].read_text().splitlines())
     assert lines <= MAX_MODULE_LINES, f"{name}: {lines} lines; split it by concern"
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", EVERY_MODULE)
 def test_functions_read_as_recipes(name):
-    tree = ast.parse(MODULES[name].read_text())
+    tree = ast.parse(EVERY_MODULE[name].read_text())
     long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
             for node in ast.walk(tree)
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
@@ -80,29 +95,71 @@ def test_imports_flow_down(name):
     assert not upward, f"{name} (layer {layer(name)}) imports higher layers: {upward}"
 
 
-def test_no_import_cycles():
-    graph = {name: imported(name) - {name} for name in MODULES}
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    graph = {name: imported(name, modules, types_too=False) for name in modules}
     # A package's __init__ re-exports its modules: an edge from it to them is not a cycle.
-    graph = {n: {m for m in deps if not m.startswith(n + ".")} for n, deps in graph.items()}
+    return {n: {m for m in deps if not m.startswith(n + ".")} for n, deps in graph.items()}
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` (its modules in order, the first repeated), or None."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
 
-    def visit(node: str, path: list[str]) -> None:
+    def visit(node: str, path: list[str]) -> list[str] | None:
         state[node] = 1
         for dep in sorted(graph[node]):
             if state.get(dep) == 1:
-                raise AssertionError("import cycle: " + " -> ".join([*path, node, dep]))
-            if dep not in state:
-                visit(dep, [*path, node])
+                return [*path, node, dep]
+            if dep not in state and (found := visit(dep, [*path, node])):
+                return found
         state[node] = 2
+        return None
 
     for name in sorted(graph):
-        if name not in state:
-            visit(name, [])
+        if name not in state and (found := visit(name, [])):
+            return found
+    return None
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "bench").glob("*.py")), ids=lambda p: p.stem)
-def test_bench_scripts_import_what_exists(path):
-    """Benchmarks import accel lazily inside main(): check every accel name they import."""
+def test_no_import_cycles_in_accel_bench_or_checks():
+    found = cycle(import_graph(EVERY_MODULE))
+    assert found is None, "import cycle: " + " -> ".join(found or [])
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def may_import(name: str) -> set[str]:
+    """Where `name`'s imports may go: accel stays within itself; a benchmark imports accel and
+    bench/; checks.common imports accel only; a check's package imports accel, checks.common and
+    itself: no other check, nothing of bench/ (docs/architecture.md, "Outbuildings")."""
+    parts = name.split(".")
+    if parts[0] != "checks" or len(parts) == 1:
+        return {"accel", parts[0]}
+    if parts[1] == "common":
+        return {"accel", "checks.common"}
+    return {"accel", "checks.common", f"checks.{parts[1]}"}
+
+
+def owner(name: str) -> str:
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "checks" and len(parts) > 1 else parts[0]
+
+
+@pytest.mark.parametrize("name", EVERY_MODULE)
+def test_bench_and_checks_import_accel_never_each_other(name):
+    allowed = may_import(name)
+    wrong = sorted(m for m in imported(name, EVERY_MODULE)
+                   if owner(m) not in allowed and m.split(".")[0] not in allowed)
+    assert not wrong, f"{name} imports {wrong}; it may import {sorted(allowed)}"
+
+
+@pytest.mark.parametrize("path", sorted(OUTBUILDINGS.values()),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_bench_and_checks_import_what_exists(path):
+    """Benchmarks and checks import accel lazily inside functions: check every accel name."""
     import importlib
     import importlib.util
 
@@ -112,3 +169,39 @@ def test_bench_scripts_import_what_exists(path):
             for alias in node.names:
                 assert hasattr(module, alias.name) or importlib.util.find_spec(
                     f"{node.module}.{alias.name}"), f"{path.name}: {node.module}.{alias.name}"
+
+
+# Where the docs, the Makefile, the experiments and the code name a benchmark or a check.
+REFERRING = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "experiments").rglob("*.yaml")), *sorted((ROOT / "docker").glob("*")),
+             *(p for top in ("accel", "bench", "checks", "tests")
+               for p in sorted((ROOT / top).rglob("*.py")))]
+PATH_REF = re.compile(r"(?<![\w./-])((?:bench|checks)/[\w/.-]*\w)")
+MODULE_REF = re.compile(r"python3? -m ((?:bench|checks)(?:\.\w+)+)")
+
+
+def named_outbuildings(text: str) -> set[str]:
+    """The bench/ and checks/ paths a text names; a module it runs (`python -m checks.gpu`) as
+    its path without the .py."""
+    paths = set(PATH_REF.findall(text))
+    return paths | {m.replace(".", "/") for m in MODULE_REF.findall(text)}
+
+
+def exists(ref: str) -> bool:
+    path = ROOT / ref
+    return path.exists() or path.with_name(path.name + ".py").exists()
+
+
+def test_the_reference_check_reads_paths_and_modules():
+    text = "`bench/cpu_step.py`, (checks/gpu/plan.py), python -m checks.chaos --seconds 3 bench/"
+    assert named_outbuildings(text) == {"bench/cpu_step.py", "checks/gpu/plan.py", "checks/chaos"}
+    assert exists("checks/chaos") and exists("checks/gpu/peer_airbench")
+    assert not exists("bench" + "/gone.py")
+
+
+def test_every_named_benchmark_and_check_exists():
+    """A benchmark or check moved or renamed leaves no doc, Makefile line or comment behind."""
+    missing = [f"{page.relative_to(ROOT)}: {ref}" for page in REFERRING if page.is_file()
+               for ref in sorted(named_outbuildings(page.read_text(errors="replace")))
+               if not exists(ref)]
+    assert not missing, "named but absent:\n" + "\n".join(missing)
