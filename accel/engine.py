@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from ignite.engine import Engine, Events
+from ignite.engine import Engine
 
 from accel.averaging import MovingAverage, moving_average  # noqa: F401 (the step's EMA)
 from accel.config import TrainConfig
 from accel.schedule import (  # noqa: F401 (the schedule, where the step is built)
+    Schedule,
     build_scheduler,
     lr_multiplier,
     updates_per_epoch,
@@ -150,21 +151,20 @@ class HeldParameter:
     that one."""
 
     def __init__(self, param: torch.nn.Parameter, epochs: int, *, drop_grad: bool = False,
-                 due: Callable[[], bool] | None = None):
+                 schedule: Schedule | None = None):
         self.param, self.epochs, self.drop_grad = param, epochs, drop_grad
-        self.due = due  # a budgeted run: held once its share of the plan's updates is done
+        self.schedule = schedule  # a budgeted run: held once its share of the plan is done
         self.value: torch.Tensor | None = None
 
-    def attach(self, trainer: Engine) -> None:
-        trainer.add_event_handler(Events.EPOCH_STARTED, self._hold)
-
-    def _hold(self, engine: Engine) -> None:
-        if engine.state.epoch > self.epochs if self.due is None else self.due():
+    def hold_for_epoch(self, epoch: int, updates: int) -> None:
+        """At an epoch's start: held from the epoch after `epochs` (a budgeted run: once its
+        share of the plan is done, `updates` so far; a resumed run holds from its start)."""
+        if epoch > self.epochs if self.schedule is None else self.schedule.hold_due(updates):
             self.hold()
 
-    def hold_when_due(self) -> None:
+    def hold_when_due(self, updates: int) -> None:
         """After an update (a budgeted run): from the update its share ends with."""
-        if self.due is not None and self.value is None and self.due():
+        if self.schedule is not None and self.value is None and self.schedule.hold_due(updates):
             self.hold()
 
     def hold(self) -> None:
@@ -331,14 +331,8 @@ def move_batch(batch, device: torch.device, non_blocking: bool, channels_last: b
 def create_trainer(step: UpdateStep) -> Engine:
     """The Ignite engine around `step`. No per-update handler reads the loss: a NaN/inf loss
     is caught at the end of its epoch, where the epoch's summed loss (kept on the device) is
-    read anyway (accel.train.epochs), so the host never waits for the device per update."""
-    trainer = Engine(step)
-
-    @trainer.on(Events.EPOCH_STARTED)
-    def _reset_stats(engine: Engine) -> None:
-        step.stats = EpochStats()
-
-    return trainer
+    read anyway (accel.train.run), so the host never waits for the device per update."""
+    return Engine(step)
 
 
 def tta_logits(model: Callable, x: torch.Tensor, tta: str) -> torch.Tensor:

@@ -4,7 +4,7 @@ device, shuffled, cropped, flipped and normalised there a batch at a time.
 The fastest known CIFAR-10 trainings on a GPU never leave it: no DataLoader workers, no per-image
 Python, no host-to-device copies. Each pass draws its whole shuffle and every image's crop offsets
 and flip from one seeded CPU generator (so a checkpoint's generator state replays the pass
-exactly, as `accel.train.checkpoint.Batches` expects), then each batch is one gather: the
+exactly, as `accel.train.loader.Batches` expects), then each batch is one gather: the
 augmentation is torchvision's `RandomCrop(size, padding=size // 8)` (zero padding) followed by
 `RandomHorizontalFlip()`, the same as the DataLoader path. On a CPU the split lives in memory and
 only the per-batch, vectorised augmentation differs from `data.in_memory=true`.

@@ -309,7 +309,7 @@ def test_pm_on_a_gpu_moves_pinned_batches_without_blocking(monkeypatch):
 def test_each_run_reports_its_own_peak_memory_not_the_process_one():
     if not os.access("/proc/self/clear_refs", os.W_OK):
         pytest.skip("/proc/self/clear_refs is not writable here (not Linux?)")
-    from accel.train.launch import keep_freed_memory
+    from accel.train.memory import keep_freed_memory
 
     keep_freed_memory(True)  # as every CPU run leaves the process: freed memory stays resident
     big = torch.ones(64 * 2**20)  # 256 MiB resident

@@ -194,8 +194,8 @@ def test_resume_carries_the_plan_on_from_where_it_stopped(tmp_path):
 
 
 class FakeRun:
-    """A Budget over a trainer and step that do nothing but count, and a clock that moves
-    `update_s` per update."""
+    """A Budget told of updates that do nothing but count, and a clock that moves `update_s`
+    per update (the run's clock: epochs done, evaluation excluded, then this one)."""
 
     def __init__(self, monkeypatch, budget_s: float, update_s: float, per_epoch: int = 10,
                  epochs: int = 2):
@@ -203,31 +203,42 @@ class FakeRun:
         self.schedule = Schedule(t, per_epoch)
         self.budget = B.Budget(self.schedule)
         self.now, self.update_s = 0.0, update_s
-        monkeypatch.setattr(B.time, "perf_counter", lambda: self.now)
         self.trainer = SimpleNamespace(state=SimpleNamespace(epoch=1, max_epochs=epochs),
-                                       terminate_epoch=self._end_epoch, ended=False)
+                                       ended=False)
         self.step = SimpleNamespace(updates=0)
-        self.budget.trainer, self.budget.step = self.trainer, self.step
+        self.history: list[float] = []  # each epoch's training seconds
+        self.epoch_t0 = 0.0
 
-    def _end_epoch(self):
-        self.trainer.ended = True
+    def trained_s(self) -> float:
+        return sum(self.history) + self.now - self.epoch_t0
+
+    def after_update(self) -> None:
+        state = self.trainer.state
+        plan = self.budget.after_update(self.step.updates, state.epoch, self.trained_s)
+        if plan is not None:
+            state.max_epochs, ends_now = plan
+            self.trainer.ended |= ends_now
+
+    def start_epoch(self) -> None:
+        self.epoch_t0 = self.now
+        self.budget.start_epoch(self.step.updates, self.trained_s())
 
     def run(self, max_updates: int = 10_000) -> int:
         per_epoch = self.schedule.per_epoch
-        self.budget._start_epoch(None)
+        self.start_epoch()
         while self.step.updates < max_updates:
             self.now += self.update_s
             self.step.updates += 1
-            self.budget.after_update()
+            self.after_update()
             state = self.trainer.state
             if self.trainer.ended or (self.step.updates % per_epoch == 0
                                       and state.epoch >= state.max_epochs):
                 return self.step.updates
             if self.step.updates % per_epoch == 0:  # the epoch's row, then the next epoch
-                self.budget.history.append({"epoch_time_s": self.now - self.budget.epoch_t0})
+                self.history.append(self.now - self.epoch_t0)
                 self.now += 5.0  # an evaluation: not training time
                 state.epoch += 1
-                self.budget._start_epoch(None)
+                self.start_epoch()
         raise AssertionError("never stopped")
 
 
@@ -256,14 +267,14 @@ def test_a_last_epoch_of_a_few_updates_is_not_started(monkeypatch):
 
 def test_a_machine_that_slows_down_is_stopped_by_the_clock(monkeypatch):
     fake = FakeRun(monkeypatch, budget_s=10.0, update_s=0.125, per_epoch=7)
-    real = fake.budget.after_update
+    real = fake.after_update
 
     def slowing() -> None:
         if fake.step.updates > 40:
             fake.now += 0.125  # from here each update takes twice as long
         real()
 
-    fake.budget.after_update = slowing
+    fake.after_update = slowing
     used = fake.run()
     assert used == 60  # 5 s for 40 updates, then 5 s of 1/4 s ones
     assert fake.schedule.total == 60 and fake.schedule(60) == 0.1

@@ -13,7 +13,7 @@ from torchvision.transforms.v2 import functional as TF
 from accel import config
 from accel.data import build_data
 from accel.resident import ResidentLoader, crop_flip
-from accel.train.checkpoint import Batches
+from accel.train.loader import Batches
 from tests.conftest import make_imagefolder
 
 CPU = torch.device("cpu")

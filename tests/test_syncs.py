@@ -78,7 +78,7 @@ def test_the_trainer_with_its_handlers_and_the_progress_bar_reads_nothing_more(a
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     bars = []
     reads, _ = syncs.trainer_reads(step, batch(), UPDATES,
-                                   attach=lambda t: bars.append(epochs._progress_bar(t)))
+                                   attach=lambda t: bars.append(epochs.progress_bar(t)))
     assert bars == [True]
     assert dict(reads) == {}, f"host reads in {UPDATES} updates: {dict(reads)}"
 

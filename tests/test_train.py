@@ -736,8 +736,13 @@ def test_the_whitening_bias_trains_its_epochs_then_stays():
     # what the backward pass is asked for: the layer's output needs a gradient only while the
     # bias trains (after, one process spares the first convolution its input gradient)
     asked = set()
-    parts.bare.whiten.register_forward_hook(
-        lambda _m, _x, out: asked.add((parts.trainer.state.epoch, out.requires_grad)))
+
+    def ask(module, _x, out) -> None:  # training's forward passes, not the evaluation's
+        if module.training:
+            asked.add((parts.trainer.state.epoch, out.requires_grad))
+
+    parts.bare.whiten.register_forward_hook(ask)
+    parts.attach()  # the run's handlers: the bias is held from epoch 2's start
     parts.trainer.run(parts.batches, max_epochs=3, epoch_length=4)
     (b0, h0), (b1, h1), (b2, h2), (b3, h3) = seen
     assert not torch.equal(b0, b1) and torch.equal(b1, b2) and torch.equal(b2, b3)
@@ -750,7 +755,7 @@ def test_the_whitening_bias_trains_its_epochs_then_stays():
 FAULTS_OF_A_SECOND_TENSOR = """
 import resource, sys
 import torch
-from accel.train.launch import keep_freed_memory
+from accel.train.memory import keep_freed_memory
 applied = keep_freed_memory(True)
 if sys.argv[1] != "keep":
     applied = keep_freed_memory(False)  # back to glibc's limits

@@ -50,7 +50,7 @@ def reset_peak_memory(device) -> None:
     """
     if device.type != "cpu":
         return
-    from accel.train.launch import release_freed_memory
+    from accel.train.memory import release_freed_memory
 
     release_freed_memory()
     try:

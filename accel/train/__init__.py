@@ -1,8 +1,8 @@
 """`train(cfg) -> Result`: the one entry the CLI, Optuna, reproduce, ablation and tests call.
 
-`train` reads as the recipe: build what the run needs (`parts`), restore a checkpoint when it
-resumes (`checkpoint`), open its MLflow run (`run_log`), attach the per-epoch handlers and run
-the epochs (`epochs`), finish (test split, artifacts, status).
+`train` reads as the recipe: build the run (`parts` makes a `run.Run`), restore a checkpoint
+when it resumes (`checkpoint`), open its MLflow run (`run_log`), attach the run's handlers (its
+order of events: `run`) and run the epochs (`epochs`), finish (test split, artifacts, status).
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from accel.config import Config
 from accel.console import program
 from accel.errors import NonFiniteLoss
 from accel.train.checkpoint import Resume, restore
-from accel.train.epochs import attach_epoch_handlers, find_best_epoch, run_epochs
-from accel.train.parts import Parts, Replay, build
-from accel.train.run_log import RunLog, log_results, open_run, run_costs
+from accel.train.epochs import find_best_epoch, run_epochs
+from accel.train.memory import start_fresh
+from accel.train.parts import Replay, build
+from accel.train.run import Run
+from accel.train.run_log import log_results, open_run, run_costs
 from accel.uris import redact
 
 __all__ = ["NonFiniteLoss", "Replay", "Result", "Resume", "describe", "find_best_epoch", "train"]
@@ -91,47 +93,48 @@ def _train(cfg: Config, trial: Any, run_name: str | None, tags: dict[str, str] |
     from accel.tracking import scratch_dir
 
     started = time.perf_counter()
-    _reset_peak_memory(cfg.train.device)
-    parts = build(cfg, replay)
+    start_fresh(cfg.train.device)
+    run = build(cfg, replay)
     if resume is not None:
-        restore(parts, resume.state)
-        _report_earlier_epochs(trial, parts)
+        restore(run, resume.state)
+        _report_earlier_epochs(trial, run)
     stopped = _stop_errors(trial)  # a pruned trial, Ctrl-C or SIGTERM: the run ends KILLED
     status, error = "FAILED", None
     with scratch_dir() as scratch:
-        run = RunLog()  # untracked, until the MLflow run is open
         try:
             if track:
                 if trial is not None:  # its run is made once: not by a trial failed meanwhile
                     lease.confirm()
                 with signals.atomic():  # made whole; a stop meanwhile then ends it KILLED
-                    run = open_run(parts, run_name, tags, parent_run_id, Path(scratch), resume)
-            attach_epoch_handlers(parts, run, trial)
-            final = run_epochs(parts, run)
+                    run.log = open_run(run, run_name, tags, parent_run_id, Path(scratch), resume)
+            run.attach(trial)
+            final = run_epochs(run)
             if trial is not None:  # its outcome is written once: not for a trial failed meanwhile
                 lease.confirm()
-            best = find_best_epoch(parts.history, cfg.search.metric, cfg.search.direction)
-            log_results(parts, run, final, best)
+            best = find_best_epoch(run.history, cfg.search.metric, cfg.search.direction)
+            log_results(run, final, best)
             status = "FINISHED"
-            run.drop_last_state()
+            run.log.drop_last_state()
         except lease.LeaseLost:
             status = None  # the trial's record is the storage's and its retry's: left alone
             raise
         except BaseException as e:
             stop = isinstance(e, stopped) or signals.stop_requested()
             status, error = ("KILLED" if stop else "FAILED"), e
+            log = run.log
             if isinstance(e, stopped) and not isinstance(e, KeyboardInterrupt):  # pruned
-                run.drop_last_state()
-            elif stop and run.run_id and trial is None:  # a study says how it carries on
-                signals.leave_behind(carry_on(run.run_id, cfg, parent_run_id,
-                                              run.resumable or resume is not None))
+                log.drop_last_state()
+            elif stop and log.run_id and trial is None:  # the command's last line says how
+                # to carry the run on (a study's trials: the study says it)
+                signals.leave_behind(carry_on(log.run_id, cfg, parent_run_id,
+                                              log.resumable or resume is not None))
             if stop and not isinstance(e, stopped):  # the signal landed inside torch.save, say
                 raise KeyboardInterrupt from e
             raise
         finally:
-            run.end(status, error)
-            parts.data.close()  # a study or an ablation trains again in this process
-    return Result(run.run_id, final, parts.history, len(parts.history),
+            run.log.end(status, error)
+            run.data.close()  # a study or an ablation trains again in this process
+    return Result(run.log.run_id, final, run.history, len(run.history),
                   time.perf_counter() - started, best, cfg.search.metric)
 
 
@@ -149,33 +152,6 @@ def carry_on(run_id: str, cfg: Config, parent_run_id: str | None, resumable: boo
     return f"run {run_id} was marked KILLED; carry it on with: {program()} resume {run_id}{where}"
 
 
-def _reset_peak_memory(device_name: str) -> None:
-    """`peak_memory_mb` is this run's own peak, not the process's so far: a study runs many
-    trials in one process. On CPU it is the resident high-water mark (getrusage's ru_maxrss),
-    which Linux starts again from the current size when "5" is written to clear_refs; where
-    that file is missing (not Linux) the peak stays the process's."""
-    import contextlib
-    import ctypes
-    import gc
-
-    import torch
-
-    from accel.engine import resolve_device
-
-    device = resolve_device(device_name)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    gc.collect()  # an earlier trial's tensors, and the heap pages they held, go back first
-    # What survives (the libraries, the study) is left out of every later collection: a full one
-    # walks the ~700k objects of torch, MLflow and Ignite, 0.34 s, half of a tiny trial's time.
-    # After the collection, so no earlier trial's garbage is kept for good.
-    gc.freeze()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed pages otherwise
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
 def _stop_errors(trial: Any) -> tuple[type[BaseException], ...]:
     if trial is None:
         return (KeyboardInterrupt,)
@@ -184,12 +160,12 @@ def _stop_errors(trial: Any) -> tuple[type[BaseException], ...]:
     return (KeyboardInterrupt, optuna.TrialPruned)
 
 
-def _report_earlier_epochs(trial: Any, parts: Parts) -> None:
+def _report_earlier_epochs(trial: Any, run: Run) -> None:
     """A retried trial tells Optuna the epochs its predecessor ran (pruners compare curves).
     Optuna takes no intermediate values from a multi-objective trial (nor prunes one)."""
     if trial is not None and len(trial.study.directions) == 1:
-        for epoch, row in enumerate(parts.history, start=1):
-            trial.report(row[parts.cfg.search.metric], epoch)
+        for epoch, row in enumerate(run.history, start=1):
+            trial.report(row[run.cfg.search.metric], epoch)
 
 
 def describe(result: Result) -> str:

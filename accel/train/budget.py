@@ -17,9 +17,11 @@ clock is not read) and `accel resume` carries it on from the checkpoint's schedu
 
 from __future__ import annotations
 
+import functools
 import math
-import time
-from typing import Any
+from collections.abc import Callable
+
+import torch
 
 from accel.schedule import Schedule
 
@@ -37,13 +39,11 @@ SYNC_EVERY = 8
 
 class Budget:
     """Reads the training clock after every update (CUDA: every SYNC_EVERY, after a sync) and
-    keeps the plan within the budget."""
+    keeps the plan within the budget. A plain object: the run tells it the update count and
+    lends it the run's training clock; it answers with what the plan now is."""
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, device: torch.device | None = None):
         self.schedule = schedule
-        self.trainer = self.step = None
-        self.history: list[dict[str, float]] = []  # the run's epochs, their training times
-        self.epoch_t0 = 0.0
         self.mark: tuple[int, float] | None = None  # (updates, training s) where timing began
         self.first: int | None = None  # the update count this process started from
         self.started = 0.0  # training seconds when this process started
@@ -52,55 +52,39 @@ class Budget:
         self.last_update_s: float | None = None  # the latest update's own seconds
         self._before = 0.0  # training seconds when the clock was last read
         self._looked = 0  # the update count then
-        self.sync = None  # CUDA: waits for the device before the clock is read
+        # CUDA: waits for the device before the clock is read
+        self.sync = (functools.partial(torch.cuda.synchronize, device)
+                     if device is not None and device.type == "cuda" else None)
 
-    def attach(self, trainer, step: Any, history: list[dict[str, float]]) -> None:
-        """On `trainer`, whose process function is `step` (accel.engine.UpdateStep)."""
-        from ignite.engine import Events
+    def start_epoch(self, updates: int, trained_s: float) -> None:
+        """At an epoch's start: `updates` so far, `trained_s` training seconds so far."""
+        self._before, self._looked = trained_s, updates
 
-        self.trainer, self.step, self.history = trainer, step, history
-        if step.device.type == "cuda":
-            import functools
-
-            import torch
-
-            self.sync = functools.partial(torch.cuda.synchronize, step.device)
-        trainer.add_event_handler(Events.EPOCH_STARTED, self._start_epoch)
-
-    def _start_epoch(self, _) -> None:
-        self.epoch_t0 = time.perf_counter()
-        self._before, self._looked = self.elapsed(), self.step.updates
-
-    def _look_now(self, u: int) -> bool:
+    def _look_now(self, u: int, trained_s: Callable[[], float]) -> bool:
         """CUDA: whether to sync and read the clock after update `u`: every SYNC_EVERY
         updates, while the speed is first measured, and at every update near the end."""
         if u % SYNC_EVERY == 0 or self.update_s is None:
             return True
-        return self.schedule.budget_s - self.elapsed() < 2 * SYNC_EVERY * self.update_s
+        return self.schedule.budget_s - trained_s() < 2 * SYNC_EVERY * self.update_s
 
-    def elapsed(self) -> float:
-        """Training seconds so far: the epochs done (their evaluation excluded), then this one."""
-        done = sum(row["epoch_time_s"] for row in self.history)
-        return done + time.perf_counter() - self.epoch_t0
-
-    def after_update(self) -> None:
-        u, s = self.step.updates, self.schedule
+    def after_update(self, u: int, epoch: int,
+                     trained_s: Callable[[], float]) -> tuple[int, bool] | None:
+        """After update `u` of epoch `epoch`, with `trained_s()` the training seconds so far:
+        (the plan's epochs, whether this epoch ends now, inside it), or None where the clock
+        was not read (CUDA, between syncs)."""
+        s = self.schedule
         if self.sync is not None and not s.replay:
-            if not self._look_now(u):
-                return
+            if not self._look_now(u, trained_s):
+                return None
             self.sync()
-        elapsed = self.elapsed()
+        elapsed = trained_s()
         since = max(1, u - self._looked)  # updates since the clock was last read
         self.last_update_s, self._before = (elapsed - self._before) / since, elapsed
         self._looked = u
         total = s.total_at(u) if s.replay else self._plan(u, elapsed)
-        state = self.trainer.state
-        if total <= u:  # this was the last update
-            state.max_epochs = state.epoch
-            if u % s.per_epoch:  # inside an epoch: it ends now, and is evaluated
-                self.trainer.terminate_epoch()
-        else:
-            state.max_epochs = max(state.epoch, s.epochs_for(total))
+        if total <= u:  # this was the last update; inside an epoch, the epoch ends now
+            return epoch, u % s.per_epoch != 0
+        return max(epoch, s.epochs_for(total)), False
 
     def _plan(self, u: int, elapsed: float) -> int:
         """The plan's total from update `u` on, revised where the clock says so (`elapsed`:
@@ -139,11 +123,11 @@ def without_tail(total: int, u: int, per_epoch: int) -> int:
     return total
 
 
-def record(budget: Budget, epochs: int) -> dict:
+def record(budget: Budget, updates: int, epochs: int) -> dict:
     """What `budget_plan.json` holds: the budget, the plan's revisions, what it used, and the
     measured seconds of an update (the mean, and the last one's)."""
     s = budget.schedule
     return {"budget_s": s.budget_s, "updates_per_epoch": s.per_epoch,
-            "revisions": s.revisions, "updates": budget.step.updates, "epochs": epochs,
+            "revisions": s.revisions, "updates": updates, "epochs": epochs,
             "update_s": budget.update_s, "last_update_s": budget.last_update_s,
             "replayed": s.replay}

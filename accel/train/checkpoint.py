@@ -1,11 +1,11 @@
 """The last-epoch checkpoint: all a run needs to carry on after its last completed epoch.
 
-It holds the weights, the optimizer, scheduler and GradScaler states, the trainer's position and
-the train loader's (which shuffle, how far into it: `Batches`), the epochs' metrics and every
+It holds the weights, the optimizer, scheduler and GradScaler states, the trainer's position and the
+train loader's (which shuffle, how far into it: accel.train.loader), the epochs' metrics and every
 random state (Python, NumPy, torch, CUDA), taken after the epoch's evaluation, the last thing an
-epoch does that draws randomness. Restored into a freshly built run, training goes on exactly as
-if it had never stopped (bitwise on CPU with `data.num_workers=0`; loader workers keep their own
-random streams, which restart).
+epoch does that draws randomness. Restored into a freshly built run, training goes on exactly as if
+it had never stopped (bitwise on CPU with `data.num_workers=0`; loader workers keep their own random
+streams, which restart).
 
 In MLflow it lives in two artifact slots, `checkpoint/last-a.pt` (odd epochs) and
 `checkpoint/last-b.pt` (even epochs): a process killed while one slot is written leaves the other,
@@ -24,11 +24,14 @@ import random
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accel.errors import ConfigError, one_line
+
+if TYPE_CHECKING:
+    from accel.train.run import Run
 
 ARTIFACT_DIR = "checkpoint"
 SLOTS = ("last-b.pt", "last-a.pt")  # indexed by epoch % 2: epoch 1 -> last-a.pt
@@ -54,91 +57,28 @@ def slot(epoch: int) -> str:
     return SLOTS[epoch % 2]
 
 
-# --- where the train loader stands ------------------------------------------------------------
-
-
-class Batches:
-    """The train loader as the trainer reads it. Each pass over the loader starts from a recorded
-    state of its shuffling generator and counts the batches it hands out, so a checkpoint can put
-    a resumed run at the same batch of the same shuffle: with `train.epoch_length` shorter than
-    the loader, one pass (one shuffle) spans several epochs."""
-
-    def __init__(self, loader):
-        self.loader = loader
-        self.generator: torch.Generator = loader.generator
-        self.pass_start = self.generator.get_state()
-        self.taken = 0  # batches handed out by the current pass
-        self.pass_number = 0  # the loader's count of passes when this one began (a resident
-        # loader's alternating flips depend on it)
-        self._skip = 0  # batches to skip when the next pass starts (a resumed run)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        skip, self._skip = self._skip, 0
-        self.pass_start, self.taken = self.generator.get_state(), 0
-        self.pass_number = getattr(self.loader, "passes", 0)
-        batches = iter(self.loader)
-        if skip:
-            with kept_random_states():  # skipped batches must not move the augmentations' RNG
-                for _ in range(skip):
-                    next(batches)
-            self.taken = skip
-        for batch in batches:
-            self.taken += 1
-            if self.taken == len(self.loader):
-                finish_pass(batches)
-            yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"pass_start": self.pass_start, "taken": self.taken,
-                "generator": self.generator.get_state(), "passes": self.pass_number}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        inside = 0 < state["taken"] < len(self.loader)
-        if inside:  # stopped inside a pass: replay its shuffle
-            self.generator.set_state(state["pass_start"])
-            self._skip = state["taken"]
-        else:  # at a pass boundary: the next pass starts from the generator as it was
-            self.generator.set_state(state["generator"])
-        if hasattr(self.loader, "passes"):  # the pass replayed, or the one after
-            self.loader.passes = state.get("passes", 0) + (0 if inside or not state["taken"]
-                                                           else 1)
-
-
-def finish_pass(batches) -> None:
-    """Run a loader's iterator past its last batch. A sampler may draw from the generator on
-    the way out (torch's RandomSampler draws one more permutation); done here, before the last
-    batch is handed out, that draw lands before the epoch's checkpoint instead of after it, when
-    the trainer asks the next epoch for a batch, and a resumed run starts its next pass from the
-    same generator state as the run that never stopped."""
-    for _ in batches:
-        raise RuntimeError("the train loader handed out more batches than its length")
-
-
 # --- capture and restore ----------------------------------------------------------------------
 
 
-def capture(parts) -> dict[str, Any]:
-    """The state at the end of the trainer's current epoch (`parts`: accel.train.parts.Parts)."""
-    step, trainer = parts.step, parts.trainer
+def capture(run: Run) -> dict[str, Any]:
+    """The state at the end of the trainer's current epoch."""
+    step, trainer = run.step, run.trainer
     return {
         "format": FORMAT,
         "epoch": trainer.state.epoch,
-        "model": parts.bare.state_dict(),
-        "averaged": parts.averaged.state_dict() if parts.averaged is not None else None,
+        "model": run.bare.state_dict(),
+        "averaged": run.averaged.state_dict() if run.averaged is not None else None,
         "optimizer": step.optimizer.state_dict(),
         "scheduler": step.scheduler.state_dict() if step.scheduler is not None else None,
         "scaler": step.scaler.state_dict() if step.scaler is not None else None,
         "trainer": dict(trainer.state_dict()),
         "updates": step.updates,
-        "history": [dict(row) for row in parts.history],
-        "batches": parts.batches.state_dict(),
+        "history": [dict(row) for row in run.history],
+        "batches": run.batches.state_dict(),
         "rng": random_states(),
         # several ranks (train.nproc_per_node): each one's states, gathered where every rank
         # takes them (accel.train.epochs), rank 0's again among them
-        "rng_ranks": parts.rank_random_states or [],
+        "rng_ranks": run.rank_random_states or [],
     }
 
 
@@ -147,21 +87,21 @@ class CheckpointMismatch(ConfigError):
     model): a retried trial starts fresh instead, `accel resume` refuses."""
 
 
-def restore(parts, state: dict[str, Any]) -> None:
+def restore(run: Run, state: dict[str, Any]) -> None:
     """Put `state` (from `capture`) into a freshly built run of the same config."""
     saved = state["trainer"]
     # a budgeted run's epochs are its plan's, which its scheduler state carries on
-    epochs = saved["max_epochs"] if parts.cfg.train.budget_s else parts.cfg.train.epochs
-    if (saved["epoch_length"], saved["max_epochs"]) != (parts.epoch_length, epochs):
+    epochs = saved["max_epochs"] if run.cfg.train.budget_s else run.cfg.train.epochs
+    if (saved["epoch_length"], saved["max_epochs"]) != (run.epoch_length, epochs):
         raise CheckpointMismatch(
             f"the checkpoint is of a run with {saved['max_epochs']} epochs of "
-            f"{saved['epoch_length']} batches, this config has {parts.cfg.train.epochs} of "
-            f"{parts.epoch_length}")
-    step = parts.step
+            f"{saved['epoch_length']} batches, this config has {run.cfg.train.epochs} of "
+            f"{run.epoch_length}")
+    step = run.step
     try:
-        parts.bare.load_state_dict(state["model"])
-        if parts.averaged is not None:
-            parts.averaged.load_state_dict(state["averaged"])
+        run.bare.load_state_dict(state["model"])
+        if run.averaged is not None:
+            run.averaged.load_state_dict(state["averaged"])
         step.optimizer.load_state_dict(state["optimizer"])
         if step.scheduler is not None:
             step.scheduler.load_state_dict(state["scheduler"])
@@ -171,10 +111,10 @@ def restore(parts, state: dict[str, Any]) -> None:
     except (RuntimeError, KeyError, ValueError, AttributeError) as e:
         raise CheckpointMismatch("the checkpoint's model or optimizer does not fit this config: "
                                  f"{one_line(e)[:200]}") from None
-    parts.trainer.load_state_dict(saved)
+    run.trainer.load_state_dict(saved)
     step.updates = state["updates"]
-    parts.history[:] = state["history"]
-    parts.batches.load_state_dict(state["batches"])
+    run.history[:] = state["history"]
+    run.batches.load_state_dict(state["batches"])
     from accel.ranks import rank
 
     per_rank = state.get("rng_ranks") or []  # several ranks: each its own

@@ -1,51 +1,21 @@
 """Everything one run is made of (data, model, update step, trainer, evaluator), built from a
-config before anything is logged."""
+config before anything is logged, as an `accel.train.run.Run`."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from accel import engine, models, ranks
 from accel.config import Config, ConfigError
 from accel.console import say_notes
-from accel.schedule import build_scheduler
-from accel.train import amp_probe, launch
+from accel.schedule import Schedule, updates_per_epoch
+from accel.train import amp_probe, launch, memory
 from accel.train.budget import Budget
-from accel.train.checkpoint import Batches
-
-
-@dataclass
-class Parts:
-    """Everything one run is made of, built before anything is logged."""
-
-    cfg: Config
-    device: torch.device
-    data: Any  # accel.data.Data
-    bare: torch.nn.Module  # the uncompiled module: its state_dict keys load anywhere
-    step: engine.UpdateStep
-    trainer: Any  # ignite Engine around `step`
-    evaluator: Any  # ignite Engine: accuracy, F1, loss, confusion matrix
-    amp_dtype: torch.dtype | None
-    epoch_length: int  # micro-batches per epoch
-    batches: Any  # accel.train.checkpoint.Batches: the train loader, as the trainer reads it
-    amp: Any = None  # accel.train.amp_probe.AmpDecision: what train.amp resolved to, and how
-    budget: Any = None  # accel.train.budget.Budget: a run with train.budget_s
-    history: list[dict[str, float]] = field(default_factory=list)
-    best_state: dict[str, torch.Tensor] | None = None  # the best epoch's weights, this process
-    rank_random_states: list | None = None  # every rank's, at the last epoch's end (ranks > 1)
-    averaged: Any = None  # train.ema_decay: a swa_utils.AveragedModel of `bare`
-    notes: list[str] = field(default_factory=list)  # said once an epoch has trained: bad data
-    # found in the first epoch is then the only line a failed command prints
-
-    @property
-    def scored(self) -> torch.nn.Module:
-        """The weights that are evaluated, kept as the best and logged: the moving average of
-        `bare` with train.ema_decay, else `bare` itself."""
-        return self.averaged.module if self.averaged is not None else self.bare
+from accel.train.loader import Batches
+from accel.train.run import Run
 
 
 @dataclass
@@ -57,7 +27,7 @@ class Replay:
     revisions: list[list[int]] | None = None  # accel.schedule.Schedule.revisions
 
 
-def build(cfg: Config, replay: Replay | None = None) -> Parts:
+def build(cfg: Config, replay: Replay | None = None) -> Run:
     """Data, model, update step, trainer and evaluator for `cfg` (nothing logged yet)."""
     from accel.data import build_data
 
@@ -65,13 +35,11 @@ def build(cfg: Config, replay: Replay | None = None) -> Parts:
     models.check_model_name(cfg.model.name)  # a bad name fails before any data is read
     device = launch.device_of(t.device)
     if device.type == "cpu":
-        launch.keep_freed_memory(t.keep_freed_memory)
+        memory.keep_freed_memory(t.keep_freed_memory)
     seed_everything(t.seed, t.deterministic)
     engine.set_tf32(t.tf32, device)
     data = build_data(cfg, device)
     say_notes()  # the data is there: what the config adapted to it (config.follow_the_data)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)  # this run's peak, not the process's
     bare = models.build_model(cfg, data.num_classes, data.in_chans, data.img_size)
     if cfg.model.whiten:
         from accel.resident import first_images
@@ -88,35 +56,29 @@ def build(cfg: Config, replay: Replay | None = None) -> Parts:
     optimizer = engine.build_optimizer(model, t, fused=amp_dtype is torch.float16)
     averaged = engine.moving_average(bare, t.ema_decay) if t.ema_decay else None
     revisions = replay.revisions if replay else None  # a logged plan: replayed
-    scheduler = build_scheduler(optimizer, t, epoch_length, revisions=revisions,
-                                replay=bool(revisions))
-    budget = Budget(scheduler.lr_lambdas[0]) if t.budget_s else None
-    held, after_update = _after_update(t, bare, averaged, budget)
-    trained = _trained(model, cfg, device)  # several ranks: DistributedDataParallel
+    schedule = Schedule(t, updates_per_epoch(epoch_length, t.accumulation_steps), revisions,
+                        replay=bool(revisions))
+    budget = Budget(schedule, device) if t.budget_s else None
     non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
     step = engine.UpdateStep(
-        trained, optimizer, torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing), device,
+        _trained(model, cfg, device),  # several ranks: DistributedDataParallel
+        optimizer, torch.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing), device,
         accumulation_steps=t.accumulation_steps,
         amp_dtype=amp_dtype,
         scaler=engine.build_scaler(amp_dtype, device),
         clip_grad_norm=t.clip_grad_norm,
-        scheduler=scheduler,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
         channels_last=t.channels_last,
         non_blocking=non_blocking,
-        after_update=after_update,
     )
     scored = averaged.module if averaged is not None else model
     evaluator = engine.create_evaluator(scored, data.num_classes, device, amp_dtype=amp_dtype,
                                         channels_last=t.channels_last, non_blocking=non_blocking,
                                         tta=cfg.eval.tta)
-    trainer = engine.create_trainer(step)
-    if held is not None:
-        held.attach(trainer)
-    parts = Parts(cfg, device, data, bare, step, trainer, evaluator, amp_dtype, epoch_length,
-                  Batches(data.train), notes=notes, averaged=averaged, amp=amp, budget=budget)
-    if budget is not None:
-        budget.attach(trainer, step, parts.history)
-    return parts
+    return Run(cfg, device, data, bare, step, engine.create_trainer(step), evaluator, amp,
+               epoch_length, Batches(data.train), budget=budget,
+               held=_held_bias(t, bare, schedule if budget else None), averaged=averaged,
+               notes=notes)
 
 
 def _trained(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
@@ -154,28 +116,14 @@ def precision(cfg: Config, device: torch.device, bare: torch.nn.Module, data,
     return amp
 
 
-def _after_update(t, bare: torch.nn.Module, averaged, budget: Budget | None):
-    """(the whitening bias held after train.whiten_bias_epochs, or None; what follows every
-    optimizer update: a budget's look at the clock (which may revise the plan), the bias held
-    and put back, then the moving average, which so sees the weights the next update starts
-    from)."""
+def _held_bias(t, bare: torch.nn.Module, schedule: Schedule | None):
+    """The whitening bias, held after train.whiten_bias_epochs (a budgeted run: after its
+    share of the plan, `schedule`), or None."""
     whitening = models.whitening_layer(bare)
-    due = (lambda: budget.schedule.hold_due(budget.step.updates)) if budget else None
-    held = (engine.HeldParameter(whitening.bias, t.whiten_bias_epochs,
-                                 drop_grad=ranks.world_size() == 1, due=due)
-            if whitening is not None and t.whiten_bias_epochs is not None else None)
-
-    def after_update(skipped: torch.Tensor | None) -> None:
-        if budget is not None:
-            budget.after_update()
-        if held is not None:
-            held.hold_when_due()
-            held.put_back()
-        if averaged is not None:
-            averaged.update_parameters(bare, skipped)
-
-    needed = held is not None or averaged is not None or budget is not None
-    return held, after_update if needed else None
+    if whitening is None or t.whiten_bias_epochs is None:
+        return None
+    return engine.HeldParameter(whitening.bias, t.whiten_bias_epochs,
+                                drop_grad=ranks.world_size() == 1, schedule=schedule)
 
 
 FEW_UPDATES = 10  # updates per epoch under which a run says so

@@ -4,6 +4,7 @@ log the results, end it. Without a tracker (`track=False`) every call does nothi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -14,7 +15,9 @@ from accel.errors import one_line
 from accel.tracking import retry_locked
 from accel.tracking.lineage import log_splits, split_record
 from accel.train.checkpoint import Resume
-from accel.train.parts import Parts
+
+if TYPE_CHECKING:
+    from accel.train.run import Run
 
 
 class RunLog:
@@ -52,18 +55,18 @@ class RunLog:
                 return None
         return torch.load(best, map_location="cpu", weights_only=True)
 
-    def last_state(self, parts: Parts) -> None:
+    def last_state(self, run: Run) -> None:
         """The last-epoch checkpoint (`accel resume` carries on from it)."""
         if self.tracker and self.keep_checkpoints:
-            checkpoint.upload(self.tracker, self.run_id, checkpoint.capture(parts), self.scratch)
+            checkpoint.upload(self.tracker, self.run_id, checkpoint.capture(run), self.scratch)
             self.resumable = True
 
-    def budget_plan(self, parts: Parts) -> None:
+    def budget_plan(self, run: Run) -> None:
         """`budget_plan.json`: a budgeted run's plan and its revisions so far (budget.py)."""
         from accel.train.budget import ARTIFACT, record
 
         if self.tracker:
-            plan = record(parts.budget, len(parts.history))
+            plan = record(run.budget, run.step.updates, len(run.history))
             retry_locked(self.tracker.log_json, self.run_id, plan, ARTIFACT)
 
     def drop_last_state(self) -> None:
@@ -86,7 +89,7 @@ class RunLog:
                                             tracking_uri=with_driver(self.tracker.uri))
         self.monitor.start()
 
-    def log_model(self, parts: Parts) -> None:
+    def log_model(self, run: Run) -> None:
         """The best epoch's weights (those best.pt holds) as an MLflow PyTorch model in this
         run (`tracking.log_model`)."""
         import copy
@@ -95,19 +98,19 @@ class RunLog:
         from accel.engine import unguard_convs
         from accel.tracking.model import log_torch_model, served
 
-        model = copy.deepcopy(parts.scored).cpu().eval()
+        model = copy.deepcopy(run.scored).cpu().eval()
         unguard_convs(model)
         # In memory when the best epoch ran in this process; else best.pt (a resumed run)
-        best = parts.best_state if parts.best_state is not None else self.stored_best()
+        best = run.best_state if run.best_state is not None else self.stored_best()
         if best is not None:
             model.load_state_dict(best)
-        data, kind = parts.data, parts.cfg.data.dataset
+        data, kind = run.data, run.cfg.data.dataset
         mean, std = normalisation(kind, data.in_chans)
         module, metadata = served(model, data.classes, (data.in_chans, data.img_size,
                                                         data.img_size), mean, std)
         x, _ = next(iter(data.val))  # two images: with one, torch.export fixes the batch at 1
         log_torch_model(self.tracker.uri, self.run_id, module,
-                        to_unit_range(x[:2].float().cpu(), kind).numpy(), parts.cfg.model.name,
+                        to_unit_range(x[:2].float().cpu(), kind).numpy(), run.cfg.model.name,
                         metadata)
 
     def end(self, status: str | None, error: BaseException | None = None) -> None:
@@ -128,22 +131,22 @@ class RunLog:
             warn(f"could not mark run {self.run_id} {status}: {one_line(e)}")
 
 
-def open_run(parts: Parts, run_name: str | None, tags: dict[str, str] | None,
+def open_run(run: Run, run_name: str | None, tags: dict[str, str] | None,
              parent_run_id: str | None, scratch: Path, resume: Resume | None = None) -> RunLog:
     """The MLflow run: the whole config and what it resolved to here, and the environment. A
     resumed run is the same run again (`accel resume`) or a new one that starts with the
     resumed run's epochs (a trial retried after its worker died)."""
     from accel.tracking import Tracker
 
-    cfg = parts.cfg
+    cfg = run.cfg
     tracker = Tracker(cfg.tracking.uri)
     keep = cfg.tracking.log_checkpoint
     if resume is not None and resume.same_run:
-        run = RunLog(tracker, resume.source_run_id, scratch, keep)
-        _guarded(run, _reopen, parts, resume)
+        log = RunLog(tracker, resume.source_run_id, scratch, keep)
+        _guarded(log, _reopen, run, resume)
         if cfg.tracking.system_metrics:
-            run.watch_system(resumed=True)
-        return run
+            log.watch_system(resumed=True)
+        return log
     run_id = retry_locked(
         tracker.start_run,
         cfg.tracking.experiment or cfg.name,
@@ -151,47 +154,47 @@ def open_run(parts: Parts, run_name: str | None, tags: dict[str, str] | None,
         tags={"accel.role": "train", **(tags or {})},
         parent_run_id=parent_run_id,
     )
-    run = RunLog(tracker, run_id, scratch, keep)
-    _guarded(run, _log_recipe, parts)
+    log = RunLog(tracker, run_id, scratch, keep)
+    _guarded(log, _log_recipe, run)
     if resume is not None:
-        _guarded(run, _carry_over, parts, resume)
+        _guarded(log, _carry_over, run, resume)
     if cfg.tracking.system_metrics:
-        run.watch_system(resumed=False)
-    return run
+        log.watch_system(resumed=False)
+    return log
 
 
-def _guarded(run: RunLog, fn, *args) -> None:
+def _guarded(log: RunLog, fn, *args) -> None:
     """A run that never trained must not stay RUNNING."""
     try:
-        fn(run, *args)
+        fn(log, *args)
     except BaseException as e:
-        run.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", e)
+        log.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", e)
         raise
 
 
-def _log_recipe(run: RunLog, parts: Parts) -> None:
+def _log_recipe(log: RunLog, run: Run) -> None:
     from accel.tracking import environment
 
-    cfg, tracker = parts.cfg, run.tracker
-    amp = str(parts.amp_dtype).replace("torch.", "") if parts.amp_dtype else "off"
-    retry_locked(tracker.log_config, run.run_id, cfg, {
+    cfg, tracker = run.cfg, log.tracker
+    amp = str(run.amp_dtype).replace("torch.", "") if run.amp_dtype else "off"
+    retry_locked(tracker.log_config, log.run_id, cfg, {
         "effective_batch_size": cfg.train.effective_batch_size,
-        "resolved.device": str(parts.device),
+        "resolved.device": str(run.device),
         "resolved.amp": amp,
-        "resolved.num_classes": parts.data.num_classes,
-        "resolved.train_size": len(parts.data.train.dataset),
-        "resolved.val_size": len(parts.data.val.dataset),  # what chance-level noise rests on
-        "resolved.img_size": parts.data.img_size,
-        "resolved.in_chans": parts.data.in_chans,
+        "resolved.num_classes": run.data.num_classes,
+        "resolved.train_size": len(run.data.train.dataset),
+        "resolved.val_size": len(run.data.val.dataset),  # what chance-level noise rests on
+        "resolved.img_size": run.data.img_size,
+        "resolved.in_chans": run.data.in_chans,
         "resolved.threads": torch.get_num_threads(),  # OpenMP settings: environment.json
     })
-    env = environment(str(parts.device), cfg.train.seed)
-    retry_locked(tracker.log_json, run.run_id, env, "environment.json")
+    env = environment(str(run.device), cfg.train.seed)
+    retry_locked(tracker.log_json, log.run_id, env, "environment.json")
     if cfg.train.amp == "auto":  # what it chose here, and the probe's timings
-        retry_locked(tracker.set_tags, run.run_id, parts.amp.tags())
-        if parts.amp.metrics():
-            retry_locked(tracker.log_metrics, run.run_id, parts.amp.metrics(), step=0)
-    retry_locked(log_splits, tracker.client, run.run_id, data_records(cfg, parts.data))
+        retry_locked(tracker.set_tags, log.run_id, run.amp.tags())
+        if run.amp.metrics():
+            retry_locked(tracker.log_metrics, log.run_id, run.amp.metrics(), step=0)
+    retry_locked(log_splits, tracker.client, log.run_id, data_records(cfg, run.data))
 
 
 def data_records(cfg, data) -> list[dict]:
@@ -204,64 +207,65 @@ def data_records(cfg, data) -> list[dict]:
             for split, loader in loaders.items() if loader is not None]
 
 
-def _reopen(run: RunLog, parts: Parts, resume: Resume) -> None:
+def _reopen(log: RunLog, run: Run, resume: Resume) -> None:
     """RUNNING again, tagged with the epoch it carries on from; this machine's environment."""
     from accel.tracking import environment
 
-    retry_locked(run.tracker.client.update_run, run.run_id, status="RUNNING")
-    retry_locked(run.tracker.set_tags, run.run_id, {"accel.resumed_from_epoch": resume.epoch})
-    env = environment(str(parts.device), parts.cfg.train.seed)
-    retry_locked(run.tracker.log_json, run.run_id, env,
+    retry_locked(log.tracker.client.update_run, log.run_id, status="RUNNING")
+    retry_locked(log.tracker.set_tags, log.run_id, {"accel.resumed_from_epoch": resume.epoch})
+    env = environment(str(run.device), run.cfg.train.seed)
+    retry_locked(log.tracker.log_json, log.run_id, env,
                  f"environment-resumed-epoch{resume.epoch}.json")
-    logged = retry_locked(run.tracker.client.get_metric_history, run.run_id,
-                          parts.cfg.search.metric)
-    _log_epochs(run, resume, skip={m.step for m in logged})
+    logged = retry_locked(log.tracker.client.get_metric_history, log.run_id,
+                          run.cfg.search.metric)
+    _log_epochs(log, resume, skip={m.step for m in logged})
 
 
-def _log_epochs(run: RunLog, resume: Resume, skip: set[int]) -> None:
+def _log_epochs(log: RunLog, resume: Resume, skip: set[int]) -> None:
     """The checkpoint's epochs not logged yet (a run stopped between its checkpoint and its
     metrics; or a new run that carries on from another)."""
     for epoch, row in enumerate(resume.state["history"], start=1):
         if epoch not in skip:
-            run.metrics(row, step=epoch)
+            log.metrics(row, step=epoch)
 
 
-def _carry_over(run: RunLog, parts: Parts, resume: Resume) -> None:
+def _carry_over(log: RunLog, run: Run, resume: Resume) -> None:
     """The new run starts where the old one stopped: its epochs' metrics, best weights and
     checkpoint, and tags naming it."""
-    tracker = run.tracker
-    retry_locked(tracker.set_tags, run.run_id, {"accel.resumed_from": resume.source_run_id,
+    tracker = log.tracker
+    retry_locked(tracker.set_tags, log.run_id, {"accel.resumed_from": resume.source_run_id,
                                                  "accel.resumed_from_epoch": resume.epoch})
-    _log_epochs(run, resume, skip=set())
-    if run.keep_checkpoints:
+    _log_epochs(log, resume, skip=set())
+    if log.keep_checkpoints:
         if resume.best_weights is not None:
-            tracker.log_artifact(run.run_id, resume.best_weights, checkpoint.ARTIFACT_DIR)
-        checkpoint.upload(tracker, run.run_id, resume.state, run.scratch)
+            tracker.log_artifact(log.run_id, resume.best_weights, checkpoint.ARTIFACT_DIR)
+        checkpoint.upload(tracker, log.run_id, resume.state, log.scratch)
 
 
-def log_results(parts: Parts, run: RunLog, final: dict[str, float], best: int) -> None:
+def log_results(run: Run, final: dict[str, float], best: int) -> None:
     """test_* metrics, the best epoch and its metric, the confusion matrix of the last
     evaluation (best.pt was logged when its epoch ended)."""
-    if "confusion_matrix" not in parts.evaluator.state.metrics:  # resumed with no epoch left
-        parts.evaluator.run(parts.data.val)  # on every rank: its metrics are reduced across them
-    if run.tracker is None:
+    log = run.log
+    if "confusion_matrix" not in run.evaluator.state.metrics:  # resumed with no epoch left
+        run.evaluator.run(run.data.val)  # on every rank: its metrics are reduced across them
+    if log.tracker is None:
         return
-    metric = parts.cfg.search.metric
+    metric = run.cfg.search.metric
     summary = {k: v for k, v in final.items() if k.startswith("test_")}
-    summary.update({"best_epoch": best, f"best_{metric}": parts.history[best - 1][metric],
-                    "train_time_s": run_costs(parts.history)["train_time_s"],
-                    "train_updates": final["train_updates"], "train_epochs": len(parts.history)})
-    if parts.budget is not None:
-        summary["budget_s"] = parts.cfg.train.budget_s
-        measured = {"update_time_s": parts.budget.update_s,
-                    "last_update_time_s": parts.budget.last_update_s}
+    summary.update({"best_epoch": best, f"best_{metric}": run.history[best - 1][metric],
+                    "train_time_s": run_costs(run.history)["train_time_s"],
+                    "train_updates": final["train_updates"], "train_epochs": len(run.history)})
+    if run.budget is not None:
+        summary["budget_s"] = run.cfg.train.budget_s
+        measured = {"update_time_s": run.budget.update_s,
+                    "last_update_time_s": run.budget.last_update_s}
         summary.update({k: v for k, v in measured.items() if v is not None})
-        run.budget_plan(parts)
-    run.metrics(summary, step=parts.trainer.state.epoch)
-    matrix = parts.evaluator.state.metrics["confusion_matrix"]
-    log_confusion_matrix(run.tracker, run.run_id, matrix, parts.data.classes)
-    if parts.cfg.tracking.log_model:
-        run.log_model(parts)
+        log.budget_plan(run)
+    log.metrics(summary, step=run.trainer.state.epoch)
+    matrix = run.evaluator.state.metrics["confusion_matrix"]
+    log_confusion_matrix(log.tracker, log.run_id, matrix, run.data.classes)
+    if run.cfg.tracking.log_model:
+        log.log_model(run)
 
 
 def run_costs(history: list[dict[str, float]]) -> dict[str, float]:
