@@ -1,8 +1,8 @@
 """Running trials: the worker loop (claim a slot, run one trial, update the parent run), worker
 processes on one study, Ctrl-C, and closing trials left RUNNING.
 
-`--n-trials` counts for the whole invocation: the workers share one `Budget`. With one worker the
-loop runs in this process; with several, in spawned processes (CUDA and some BLAS builds cannot
+`--n-trials` counts for the whole invocation: the workers share one `TrialSlots`. With one worker
+the loop runs in this process; with several, in spawned processes (CUDA and some BLAS builds cannot
 be used in a forked child), each with `cores / N` torch threads and its own GPU where several
 exist. A worker process that dies (SIGKILL, the out-of-memory killer) has its trial failed and
 queued again at once, to carry on from its checkpoint, and is replaced while trials are left.
@@ -38,7 +38,7 @@ from accel.tune.study import (
 )
 
 
-class Budget:
+class TrialSlots:
     """`--n-trials` for the whole invocation: worker processes claim slots from one counter."""
 
     def __init__(self, n: int, context=None):
@@ -64,7 +64,7 @@ class Budget:
             return self.used.value < self.n
 
 
-def run_worker(job: TuneJob, index: int, budget: Budget, restart: int = 0) -> None:
+def run_worker(job: TuneJob, index: int, slots: TrialSlots, restart: int = 0) -> None:
     """Claim a trial slot, run one trial, repeat; the study's parent run is updated after each.
     `restart` counts the workers that took this one's place: each samples with its own seed."""
     import optuna
@@ -90,12 +90,12 @@ def run_worker(job: TuneJob, index: int, budget: Budget, restart: int = 0) -> No
         except Exception as e:
             warn(f"could not update the study run: {one_line(e)}")
 
-    while budget.claim():
+    while slots.claim():
         if job.deadline is not None and time.time() >= job.deadline:
             break
         try:
             if run_one_trial(study, objective, after_trial, prefix) is None:
-                budget.give_back()  # lost to its retry, which takes the slot
+                slots.give_back()  # lost to its retry, which takes the slot
         except KeyboardInterrupt:
             _queue_stopped(study, objective.last_trial)
             raise
@@ -149,7 +149,7 @@ def describe_trial(study, trial, metric: str) -> str:
 # --- worker processes, Ctrl-C and SIGTERM ---------------------------------------------------------
 
 
-def _worker_main(job: TuneJob, index: int, restart: int, budget: Budget,
+def _worker_main(job: TuneJob, index: int, restart: int, slots: TrialSlots,
                  env: dict[str, str]) -> None:
     """Entry of a spawned worker process; its exit code tells the main process how it ended."""
     os.environ.update(env)  # before torch is imported: which GPU this worker sees
@@ -161,7 +161,7 @@ def _worker_main(job: TuneJob, index: int, restart: int, budget: Budget,
         # Share the CPU cores instead of oversubscribing them (n workers x all cores each).
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.workers))
         with notes_held():  # after this worker's trial lines, not between them
-            run_worker(job, index, budget, restart)
+            run_worker(job, index, slots, restart)
     except KeyboardInterrupt:
         sys.exit(130)
     except ConfigError as e:
@@ -192,19 +192,19 @@ def run_workers(job: TuneJob, n_trials: int, study, tracker) -> int:
     invocation, as its trials are retried) while trials are left."""
     if job.workers == 1:
         with notes_held():  # after the trial lines, not between them
-            run_worker(job, 0, Budget(n_trials))
+            run_worker(job, 0, TrialSlots(n_trials))
         return 0
     import multiprocessing
     from multiprocessing.connection import wait
 
     # spawn: CUDA and some BLAS builds cannot be used in a forked child.
     context = multiprocessing.get_context("spawn")
-    budget = Budget(n_trials, context)
+    slots = TrialSlots(n_trials, context)
     envs = _gpu_envs(job.workers, job.cfg.train.device)
     restarts = [0] * job.workers
 
     def start(i: int):
-        p = context.Process(target=_worker_main, args=(job, i, restarts[i], budget, envs[i]),
+        p = context.Process(target=_worker_main, args=(job, i, restarts[i], slots, envs[i]),
                             name=f"accel-tune-{i}")
         p.start()
         return p
@@ -219,8 +219,8 @@ def run_workers(job: TuneJob, n_trials: int, study, tracker) -> int:
                 if p.exitcode is None or p.exitcode >= 0:  # it ended: 0, 1, 2 or 130
                     codes.append(p.exitcode)
                     continue
-                _retry_dead_worker(study, tracker, p, i, budget)
-                if budget.left() and sum(restarts) < n_trials * MAX_RETRY:
+                _retry_dead_worker(study, tracker, p, i, slots)
+                if slots.left() and sum(restarts) < n_trials * MAX_RETRY:
                     restarts[i] += 1
                     live[i] = start(i)
     except KeyboardInterrupt:
@@ -250,7 +250,7 @@ def _stop(procs, wait_s: float = 60.0) -> None:
             p.join(5)
 
 
-def _retry_dead_worker(study, tracker, proc, index: int, budget: Budget) -> None:
+def _retry_dead_worker(study, tracker, proc, index: int, slots: TrialSlots) -> None:
     """A worker killed by a signal: its trial FAIL (MLflow FAILED) and queued again, which
     gives its slot back to the retry."""
     dead = [t for t in _running(study) if t.user_attrs.get(st.ATTR_PID) == proc.pid]
@@ -258,7 +258,7 @@ def _retry_dead_worker(study, tracker, proc, index: int, budget: Budget) -> None
     for t in dead:
         if _fail_and_retry(study, tracker, t, "its worker process died; the trial is queued "
                                                "again"):
-            budget.give_back()
+            slots.give_back()
             numbers.append(str(t.number))
     queued = f"; trial {', '.join(numbers)} queued again" if numbers else ""
     how = signal.strsignal(-proc.exitcode) or f"signal {-proc.exitcode}"
