@@ -11,6 +11,7 @@ from accel.config import DEFAULT_CONFIG, Config
 from accel.console import program
 from accel.errors import ConfigError, NonFiniteLoss, RankFailed, first_line, one_line
 from accel.outage import StoreUnavailable
+from accel.report import command as report
 from accel.uris import DEFAULT_STORAGE, DEFAULT_URI, redact, resolve_uri, with_driver
 
 
@@ -109,6 +110,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from accel import verify
 
     return verify.cli_verify(args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from accel.report import cli_report
+
+    return cli_report(args)
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
@@ -292,7 +299,7 @@ def _slurm_args(p: Parser) -> None:
 
 
 def _run_commands(command) -> None:
-    """reproduce, resume, evaluate, ui, dashboard: the commands about what was logged."""
+    """reproduce, resume, evaluate, report, ui, dashboard: the commands about what was logged."""
     p = command("reproduce", "rerun a logged run from MLflow and compare the numbers",
                 cmd_reproduce, _tracking_arg)
     p.add_argument("run_id", metavar="RUN_ID")
@@ -313,6 +320,8 @@ def _run_commands(command) -> None:
     p.add_argument("--split", choices=("test", "val", "train"),
                    help="the split to score (default: test; an image folder without test/ "
                    "gives val/, else all of train/, else its class folders)")
+
+    report.arguments(command("report", report.HELP, cmd_report, _storage_arg, _tracking_arg))
 
     p = command("ui", "open the MLflow UI on the project's store (bound to 127.0.0.1)", cmd_ui,
                 _tracking_arg)
