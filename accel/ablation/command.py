@@ -12,6 +12,7 @@ from accel.config import Config
 
 
 def cli_ablate(args: argparse.Namespace, cfg: Config) -> int:
+    from accel.report.write import after_ablation
     from accel.tracking import Tracker
 
     techniques = parse_techniques(args.techniques)
@@ -25,6 +26,7 @@ def cli_ablate(args: argparse.Namespace, cfg: Config) -> int:
           f"{cfg.tracking.experiment or cfg.name}); {len(result.records)} runs, "
           f"{len(failed)} failed")
     print(where(tracker, result.parent_run_id, ("ablation.md", "speedup.png")))
+    after_ablation(tracker, result.parent_run_id)  # its page: the table, intervals, time split
     if not result.baseline_ok:
         print("accel: error: the all-off baseline failed in every repeat; no speed-up to report",
               file=sys.stderr)
@@ -34,6 +36,7 @@ def cli_ablate(args: argparse.Namespace, cfg: Config) -> int:
 
 def cli_grid(args: argparse.Namespace, cfgs: list[Config]) -> int:
     from accel.ablation.grid import run_grid
+    from accel.report.write import after_ablation
     from accel.tracking import Tracker
 
     techniques = parse_techniques(args.techniques)
@@ -47,6 +50,8 @@ def cli_grid(args: argparse.Namespace, cfgs: list[Config]) -> int:
     print(f"## the grid\n\n{grid.markdown()}")
     print(f"MLflow: grid run {grid.parent_run_id}, one ablation run per file under it")
     print(where(tracker, grid.parent_run_id, ("grid.md",)))
+    for ablation in grid.ablations:  # each file's page
+        after_ablation(tracker, ablation.parent_run_id)
     failed = [g for g, a in zip(grid.names, grid.ablations, strict=True) if not a.baseline_ok]
     if failed:
         print(f"accel: error: the all-off baseline failed in every repeat of "

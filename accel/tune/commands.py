@@ -55,6 +55,9 @@ def cli_tune(args, cfg: Config) -> int:
             _finish_parent(tracker_for(job.tracking_uri), study, job, status)
         except Exception as e:  # a store away: the next `accel tune` or `accel best` ends it
             warn(f"could not end the study's parent run {job.parent_run_id}: {one_line(e)}")
+    if status != "KILLED":  # the study's page (accel report), its path said
+        from accel.report.write import after_study
+        after_study(study, job.tracking_uri, job.storage)
     progress(summary(study, job))
     if status == "KILLED":
         again = _carry_on(study, job, n_trials)
