@@ -189,6 +189,12 @@ class Config:
     search: SearchConfig = field(default_factory=SearchConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
+    def __post_init__(self) -> None:
+        # What `load` adapted and says once the run has its data (accel.train.parts.build): bad
+        # input found before is then the only line a failed command prints. Not a field: never
+        # logged, never compared.
+        self.notes: list[str] = []
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -335,8 +341,6 @@ def name_for_the_data(cfg: Config, before: tuple[str, str], keys: set[str], path
     under their own name, `<name>-<data>`, not among the file's runs on the file's data, unless
     the command line names them. A root moved elsewhere with the same folder name is the same
     data."""
-    from accel.console import note_later
-
     if keys & {"name", "tracking.experiment"} or cfg.tracking.experiment:
         return
     old, new = data_label(*before), data_label(cfg.data.dataset, cfg.data.root)
@@ -344,19 +348,17 @@ def name_for_the_data(cfg: Config, before: tuple[str, str], keys: set[str], path
         return
     source = Path(path).name if path else "the defaults"
     cfg.name = f"{cfg.name}-{new}"
-    note_later(f"data.dataset={cfg.data.dataset} data.root={cfg.data.root} is not the data of "
-               f"{source}: runs and studies go under the name {cfg.name} (set name=NAME to "
-               "choose one)")
+    cfg.notes.append(f"data.dataset={cfg.data.dataset} data.root={cfg.data.root} is not the data "
+                     f"of {source}: runs and studies go under the name {cfg.name} (set "
+                     "name=NAME to choose one)")
 
 
 def follow_the_data(cfg: Config, dataset_before: str, keys: set[str], path) -> None:
     """The command line changed the data: a file's `model.img_size`, set for its own data,
     gives way to the new data's own size unless the command line sets it too (one line says so)."""
-    from accel.console import note_later
-
     if cfg.model.img_size is None or "model.img_size" in keys:
         return
-    note_later(f"model.img_size={cfg.model.img_size} from {path} was set for data.dataset="
-               f"{dataset_before}; the new data's own image size is used (set model.img_size=N "
-               "to choose one)")
+    cfg.notes.append(f"model.img_size={cfg.model.img_size} from {path} was set for "
+                     f"data.dataset={dataset_before}; the new data's own image size is used (set "
+                     "model.img_size=N to choose one)")
     cfg.model.img_size = None

@@ -37,20 +37,6 @@ def notes_held():
             note(message)
 
 
-_later: list[str] = []
-
-
-def note_later(message: str) -> None:
-    """A note about the config, said once the work starts (`say_notes`): bad input found after it
-    is then the only line a failed command prints."""
-    _later.append(message)
-
-
-def say_notes() -> None:
-    while _later:
-        note(_later.pop(0))
-
-
 def warn(message: str) -> None:
     print(f"accel: warning: {message}", file=sys.stderr, flush=True)
 

@@ -10,7 +10,7 @@ import torch
 
 from accel import engine, models, ranks
 from accel.config import Config, ConfigError
-from accel.console import say_notes
+from accel.console import note
 from accel.schedule import Schedule, updates_per_epoch
 from accel.train import amp_probe, launch, memory
 from accel.train.budget import Budget
@@ -39,7 +39,8 @@ def build(cfg: Config, replay: Replay | None = None) -> Run:
     seed_everything(t.seed, t.deterministic)
     engine.set_tf32(t.tf32, device)
     data = build_data(cfg, device)
-    say_notes()  # the data is there: what the config adapted to it (config.follow_the_data)
+    while cfg.notes:  # the data is there: what the config adapted to it, said once
+        note(cfg.notes.pop(0))
     bare = models.build_model(cfg, data.num_classes, data.in_chans, data.img_size)
     if cfg.model.whiten:
         from accel.resident import first_images
@@ -51,8 +52,8 @@ def build(cfg: Config, replay: Replay | None = None) -> Run:
     amp_dtype = amp.dtype
     notes = [amp.line()] if amp.how == "measured" else []  # cached: logged, not said again
     epoch_length = t.epoch_length or len(data.train)
-    notes += _once(None if t.epoch_length else few_updates(data.train, t.accumulation_steps,
-                                                           epoch_length))
+    if not t.epoch_length:  # train.epoch_length set: the user chose the epoch's size
+        notes += _once(few_updates(data.train, t.accumulation_steps, epoch_length))
     optimizer = engine.build_optimizer(model, t, fused=amp_dtype is torch.float16)
     averaged = engine.moving_average(bare, t.ema_decay) if t.ema_decay else None
     revisions = replay.revisions if replay else None  # a logged plan: replayed
@@ -130,13 +131,12 @@ FEW_UPDATES = 10  # updates per epoch under which a run says so
 _said: set[str] = set()
 
 
-def _once(notice: str | None) -> list[str]:
-    """[notice] the first time this process sees it (a study's trials would repeat it); None
-    (train.epoch_length set: the user chose the epoch's size) is nothing to say."""
-    if notice is None or notice in _said:
-        return []
-    _said.add(notice)
-    return [notice]
+def _once(*notices: str | None) -> list[str]:
+    """The notices this process has not said yet (a study's trials would repeat them; None is
+    nothing to say)."""
+    new = [n for n in notices if n is not None and n not in _said]
+    _said.update(new)
+    return new
 
 
 def few_updates(loader, accumulation_steps: int, epoch_length: int) -> str | None:

@@ -175,6 +175,8 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
     warm.check_file_enqueue(cfg, dims)
     _check_model_names(cfg, dims)
     cfg = copy.deepcopy(cfg)
+    while cfg.notes:  # what the config adapted to the data: said by the study, not each trial
+        note(cfg.notes.pop(0))
     if tracking_uri:
         cfg.tracking.uri = tracking_uri
     cfg.tracking.experiment = study_name  # experiment = study
