@@ -175,8 +175,6 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
     warm.check_file_enqueue(cfg, dims)
     _check_model_names(cfg, dims)
     cfg = copy.deepcopy(cfg)
-    while cfg.notes:  # what the config adapted to the data: said by the study, not each trial
-        note(cfg.notes.pop(0))
     if tracking_uri:
         cfg.tracking.uri = tracking_uri
     cfg.tracking.experiment = study_name  # experiment = study
@@ -189,6 +187,8 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
     storage_url = storage_url or default_storage()
     study, created = open_study(cfg, dims, study_name,
                                 open_storage(storage_url, on_stale=RetryStaleTrial(uri)))
+    while cfg.notes:  # what the config adapted to the data, once the study takes it: said by
+        note(cfg.notes.pop(0))  # the study, not each trial, and not for a refused definition
     invocation = uuid.uuid4().hex[:12]
     if node:  # live before the parent run is reopened: no other process ends it meanwhile
         write_lease(study, invocation)
