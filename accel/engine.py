@@ -24,6 +24,7 @@ from accel.schedule import (  # noqa: F401 (the schedule, where the step is buil
     lr_multiplier,
     updates_per_epoch,
 )
+from accel.timing import EpochClock
 
 OPTIMIZER_NAMES = {"adam": "adam", "adamw": "adamw", "sgd": "momentum", "nesterov": "sgd"}
 # ours -> timm's: timm's "sgd" is Nesterov SGD; "momentum" is classical heavy-ball SGD, the usual
@@ -202,6 +203,7 @@ class UpdateStep:
         channels_last: bool = False,
         non_blocking: bool = False,
         after_update: Callable[[torch.Tensor | None], None] | None = None,
+        clock: EpochClock | None = None,
     ):
         self.model, self.optimizer, self.loss_fn, self.device = model, optimizer, loss_fn, device
         self.accumulation_steps = accumulation_steps
@@ -209,6 +211,7 @@ class UpdateStep:
         self.clip_grad_norm = clip_grad_norm
         self.scheduler = scheduler
         self.channels_last, self.non_blocking = channels_last, non_blocking
+        self.clock = clock if clock is not None else EpochClock(device)  # the epoch's split
         self.after_update = after_update  # e.g. a moving average of the new weights; told
         # `skipped` (fp16: a device tensor, 1.0 for an update the scaler skipped; else None)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -226,7 +229,9 @@ class UpdateStep:
 
     def __call__(self, engine: Engine, batch) -> dict[str, torch.Tensor]:
         self.model.train()
+        self.clock.step_started()
         x, y = move_batch(batch, self.device, self.non_blocking, self.channels_last)
+        self.clock.copied()
         window_size, closes_window = self.window_of(engine.state.iteration,
                                                     engine.state.epoch_length)
 
@@ -249,6 +254,7 @@ class UpdateStep:
         out = {"loss": loss}
         if closes_window:
             out.update(self.update())
+        self.clock.step_ended()
         return out
 
     def update(self) -> dict[str, torch.Tensor]:

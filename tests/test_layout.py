@@ -21,11 +21,11 @@ MAX_FUNCTION_LINES = 60
 LAYERS = {
     "accel": 0,  # the package's __init__: a version string
     "accel.uris": 0, "accel.errors": 0, "accel.console": 0, "accel.signals": 0, "accel.nets": 0,
-    "accel.foreground": 0, "accel.usage": 0,
+    "accel.foreground": 0, "accel.usage": 0, "accel.timing": 0, "accel.flops": 0,
     "accel.config": 1, "accel.config_checks": 1, "accel.config_params": 1,
     "accel.config_types": 1, "accel.ranks": 1,
     "accel.data": 2, "accel.models": 2, "accel.engine": 2, "accel.tracking": 2,
-    "accel.shared_data": 2, "accel.resident": 2, "accel.schedule": 2,
+    "accel.shared_data": 2, "accel.resident": 2, "accel.schedule": 2, "accel.muon": 2,
     "accel.train": 3,
     "accel.tune": 4, "accel.reproduce": 4, "accel.resume": 4, "accel.ablation": 4,
     "accel.registry": 4, "accel.evaluate": 4, "accel.verify": 4, "accel.report": 4,

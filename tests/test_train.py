@@ -113,8 +113,18 @@ def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
     best = int(run.data.metrics["best_epoch"])
     assert accuracy[best - 1] == max(accuracy) == run.data.metrics["best_val_accuracy"]
 
+    # Where each epoch's time went and its MFU against the peak measured here (accel.timing).
+    for name in ("time_data_s", "time_copy_s", "time_compute_s", "time_eval_s", "time_record_s",
+                 "time_other_s", "epoch_wall_s", "achieved_tflops", "mfu"):
+        assert [m.step for m in client.get_metric_history(run_id, name)] == [1, 2], name
+    assert 0 < run.data.metrics["mfu"] <= 1
+    assert float(run.data.params["resolved.flops_per_image"]) > 0
+    assert float(run.data.params["resolved.peak_tflops"]) > run.data.metrics["achieved_tflops"]
+    assert run.data.params["resolved.peak_how"] in ("measured", "cached")
+
     top = {a.path for a in client.list_artifacts(run_id)}
-    assert {"config.yaml", "environment.json", "confusion_matrix.png", "checkpoint"} <= top
+    assert {"config.yaml", "environment.json", "confusion_matrix.png", "time_split.png",
+            "checkpoint"} <= top
     local = Path(client.download_artifacts(run_id, "", str(tmp_path / "art")))
     assert config.from_dict(yaml.safe_load((local / "config.yaml").read_text())) == cfg
     env = yaml.safe_load((local / "environment.json").read_text())

@@ -39,6 +39,7 @@ DECISIVE = 2.0
 # round-to-round spread: a 2.7% gap between two timings of one noisy machine is no reason to
 # train in a lower precision.
 MARGIN = 0.05
+CACHE = "amp_probe.json"
 DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -178,26 +179,26 @@ def cache_key(model: torch.nn.Module, cfg, shape: tuple[int, ...]) -> str:
                        "channels_last" if cfg.train.channels_last else "contiguous"])
 
 
-def cache_path() -> Path:
+def cache_path(name: str = CACHE) -> Path:
     root = os.environ.get("ACCEL_CACHE_DIR") or Path.home() / ".cache" / "accel"
-    return Path(root) / "amp_probe.json"
+    return Path(root) / name
 
 
-def read_cache() -> dict:
+def read_cache(name: str = CACHE) -> dict:
     try:
-        data = json.loads(cache_path().read_text())
+        data = json.loads(cache_path(name).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def write_cache(key: str, entry: dict) -> None:
-    """Adds one answer (a temporary file renamed: a reader never sees half of one). A cache
-    that cannot be written costs a probe next time, nothing else."""
-    path = cache_path()
+def write_cache(key: str, entry: dict, name: str = CACHE) -> None:
+    """Adds one answer to the cache file `name` (a temporary file renamed: a reader never sees
+    half of one). A cache that cannot be written costs a probe next time, nothing else."""
+    path = cache_path(name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {**read_cache(), key: entry}
+        data = {**read_cache(name), key: entry}
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(tmp, path)

@@ -13,6 +13,7 @@ import torch
 
 from accel import ranks
 from accel.errors import NonFiniteLoss
+from accel.timing import PARTS
 
 if TYPE_CHECKING:
     import optuna
@@ -95,7 +96,10 @@ def epoch_row(run: Run, t0: float) -> dict[str, float]:
     stats = step.stats.summary()  # reads device tensors: a sync point
     synchronize(run.device)
     seconds = time.perf_counter() - t0
+    step.clock.trained()
+    evaluating = time.perf_counter()
     val = run.evaluator.run(run.data.val).metrics
+    step.clock.evaluated(evaluating)
     row = {
         "train_loss": stats["train_loss"],
         "val_loss": val["loss"],
@@ -112,15 +116,25 @@ def epoch_row(run: Run, t0: float) -> dict[str, float]:
     return row
 
 
-def epoch_line(run: Run, state) -> str:
-    """`epoch 2/4 ...` and the epoch's metrics; a budgeted run adds its training clock (the
-    plan's epoch count is revised as the run measures its speed)."""
+def epoch_line(run: Run, state, split: dict[str, float]) -> str:
+    """`epoch 2/4 ...`, the epoch's metrics, then where its time went and its MFU; a budgeted
+    run adds its training clock (the plan's epoch count is revised as the run measures its
+    speed)."""
     row = run.history[-1]
     line = f"epoch {state.epoch}/{state.max_epochs} "
     if run.budget is not None:
         trained = sum(r["epoch_time_s"] for r in run.history)
         line += f"({trained:.0f} of {run.cfg.train.budget_s:g} s trained) "
-    return line + " ".join(f"{k}={v:.4g}" for k, v in row.items())
+    line += " ".join(f"{k}={v:.4g}" for k, v in row.items())
+    return line + " | " + split_line(split)
+
+
+def split_line(split: dict[str, float]) -> str:
+    """`time data 3% copy 0% compute 81% eval 12% record 3% other 1% mfu 0.52`."""
+    wall = split["epoch_wall_s"] or 1.0
+    shares = " ".join(f"{p} {100 * split[f'time_{p}_s'] / wall:.0f}%" for p in PARTS)
+    mfu = f" mfu {split['mfu']:.3g}" if "mfu" in split else ""
+    return f"time {shares}{mfu}"
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -3,11 +3,17 @@ checkpoint records so that a resumed run starts at the same batch of the same sh
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accel.train.checkpoint import kept_random_states
+
+if TYPE_CHECKING:
+    from accel.timing import EpochClock
+
+_END = object()  # the loader's last batch was handed out
 
 
 class Batches:
@@ -16,8 +22,8 @@ class Batches:
     a resumed run at the same batch of the same shuffle: with `train.epoch_length` shorter than
     the loader, one pass (one shuffle) spans several epochs."""
 
-    def __init__(self, loader):
-        self.loader = loader
+    def __init__(self, loader, clock: EpochClock | None = None):
+        self.loader, self.clock = loader, clock
         self.generator: torch.Generator = loader.generator
         self.pass_start = self.generator.get_state()
         self.taken = 0  # batches handed out by the current pass
@@ -38,7 +44,13 @@ class Batches:
                 for _ in range(skip):
                     next(batches)
             self.taken = skip
-        for batch in batches:
+        while True:
+            waited = time.perf_counter()
+            batch = next(batches, _END)
+            if self.clock is not None:  # the epoch's data wait (accel.timing)
+                self.clock.waited(time.perf_counter() - waited)
+            if batch is _END:
+                return
             self.taken += 1
             if self.taken == len(self.loader):
                 finish_pass(batches)

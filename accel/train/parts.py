@@ -11,10 +11,13 @@ import torch
 from accel import engine, models, ranks
 from accel.config import Config, ConfigError
 from accel.console import note
+from accel.errors import one_line
+from accel.flops import Count, count_training_flops
 from accel.schedule import Schedule, updates_per_epoch
 from accel.train import amp_probe, launch, memory
 from accel.train.budget import Budget
 from accel.train.loader import Batches
+from accel.train.peak import Peak, peak
 from accel.train.run import Run
 
 
@@ -76,10 +79,25 @@ def build(cfg: Config, replay: Replay | None = None) -> Run:
     evaluator = engine.create_evaluator(scored, data.num_classes, device, amp_dtype=amp_dtype,
                                         channels_last=t.channels_last, non_blocking=non_blocking,
                                         tta=cfg.eval.tta)
+    count, top = _speed(bare, data, device, amp_dtype, t.channels_last)
     return Run(cfg, device, data, bare, step, engine.create_trainer(step), evaluator, amp,
-               epoch_length, Batches(data.train), budget=budget,
+               epoch_length, Batches(data.train, step.clock), budget=budget,
                held=_held_bias(t, bare, schedule if budget else None), averaged=averaged,
-               notes=notes)
+               notes=notes, flops=count, peak=top)
+
+
+def _speed(bare: torch.nn.Module, data, device: torch.device, amp_dtype: torch.dtype | None,
+           channels_last: bool) -> tuple[Count | None, Peak | None]:
+    """What one training image costs, and the machine's peak in the run's precision: rank 0's
+    (it logs the run's MFU). A model the FLOP counter cannot trace runs without MFU."""
+    if ranks.rank() != 0:
+        return None, None
+    try:
+        count = count_training_flops(bare, (data.in_chans, data.img_size, data.img_size))
+    except Exception as e:  # a model's op that the meta device lacks
+        note(f"this run logs no MFU: its FLOPs could not be counted ({one_line(e)})")
+        return None, None
+    return count, peak(device, amp_dtype, count.heaviest_conv, channels_last)
 
 
 def _trained(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:

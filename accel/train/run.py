@@ -20,6 +20,7 @@ from accel import lease, ranks
 from accel.averaging import MovingAverage
 from accel.console import note
 from accel.engine import EpochStats, HeldParameter, UpdateStep
+from accel.timing import split_row
 from accel.train import epochs
 from accel.train.budget import Budget
 from accel.train.loader import Batches
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
 
     from accel.config import Config
     from accel.data import Data
+    from accel.flops import Count
     from accel.train.amp_probe import AmpDecision
+    from accel.train.peak import Peak
 
 
 @dataclass
@@ -62,6 +65,9 @@ class Run:
     pruning: Callable[[Engine], None] | None = None  # Optuna's pruning handler
     verbose: bool = False  # one line per epoch on stderr
     epoch_started_at: float = 0.0  # perf_counter at this epoch's start: the one clock
+    flops: Count | None = None  # FLOPs of one training image (rank 0; None if not counted)
+    peak: Peak | None = None  # the machine's peak FLOP rate in the run's precision (rank 0)
+    splits: list[dict[str, float]] = field(default_factory=list)  # time split + MFU per epoch
 
     @property
     def amp_dtype(self) -> torch.dtype | None:
@@ -114,7 +120,8 @@ class Run:
         self.say_notes()
         self.keep_best()
         self.checkpoint()  # before the metrics: a run stopped between them logs them on resume
-        self.log_epoch(row)
+        split = self.time_epoch(row)  # the clock stops before the metrics' own call
+        self.log_epoch(row, split)
         if self.reach_target():
             return
         self.prune()
@@ -158,6 +165,7 @@ class Run:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.epoch_started_at = time.perf_counter()
+        self.step.clock.start()
         if self.budget is not None:
             self.budget.start_epoch(self.step.updates, self.trained_s())
 
@@ -202,10 +210,22 @@ class Run:
         if self.budget is not None:
             self.log.budget_plan(self)
 
-    def log_epoch(self, row: dict[str, float]) -> None:
-        self.log.metrics(row, step=self.trainer.state.epoch)
+    def time_epoch(self, row: dict[str, float]) -> dict[str, float]:
+        """Where the epoch's time went (data, copy, compute, evaluation, record, other) and
+        its FLOP rate against the machine's peak (accel.timing, accel.train.peak)."""
+        now, clock = time.perf_counter(), self.step.clock
+        split = split_row(clock.training, clock.eval_s, now - clock.evaluated_at,
+                          now - self.epoch_started_at)
+        if self.flops is not None and self.peak is not None:
+            split.update(speed(self.flops.per_image, row["train_throughput"], self.peak))
+        self.splits.append(split)
+        return split
+
+    def log_epoch(self, row: dict[str, float], split: dict[str, float]) -> None:
+        self.log.metrics({**row, **split}, step=self.trainer.state.epoch)
         if self.verbose:
-            print(epochs.epoch_line(self, self.trainer.state), file=sys.stderr, flush=True)
+            print(epochs.epoch_line(self, self.trainer.state, split), file=sys.stderr,
+                  flush=True)
 
     def reach_target(self) -> bool:
         """train.target reached at this very epoch: logged; with train.stop_at_target the run
@@ -222,3 +242,10 @@ class Run:
 
     def prune(self) -> None:
         epochs.prune(self.pruning, self.evaluator)
+
+
+def speed(flops_per_image: float, throughput: float, peak: Peak) -> dict[str, float]:
+    """The epoch's achieved TFLOPS (its training images a second x FLOPs of one, over its
+    training time: data, copy and compute) and MFU, against the peak of every rank's device."""
+    achieved = flops_per_image * throughput / 1e12
+    return {"achieved_tflops": achieved, "mfu": achieved / (peak.tflops * ranks.world_size())}

@@ -187,6 +187,7 @@ def _log_recipe(log: RunLog, run: Run) -> None:
         "resolved.img_size": run.data.img_size,
         "resolved.in_chans": run.data.in_chans,
         "resolved.threads": torch.get_num_threads(),  # OpenMP settings: environment.json
+        **_speed_params(run),
     })
     env = environment(str(run.device), cfg.train.seed)
     retry_locked(tracker.log_json, log.run_id, env, "environment.json")
@@ -195,6 +196,14 @@ def _log_recipe(log: RunLog, run: Run) -> None:
         if run.amp.metrics():
             retry_locked(tracker.log_metrics, log.run_id, run.amp.metrics(), step=0)
     retry_locked(log_splits, tracker.client, log.run_id, data_records(cfg, run.data))
+
+
+def _speed_params(run: Run) -> dict:
+    """FLOPs of one training image and the peak its MFU is measured against (accel.flops,
+    accel.train.peak)."""
+    if run.flops is None or run.peak is None:
+        return {}
+    return {"resolved.flops_per_image": run.flops.per_image, **run.peak.params()}
 
 
 def data_records(cfg, data) -> list[dict]:
@@ -264,6 +273,8 @@ def log_results(run: Run, final: dict[str, float], best: int) -> None:
     log.metrics(summary, step=run.trainer.state.epoch)
     matrix = run.evaluator.state.metrics["confusion_matrix"]
     log_confusion_matrix(log.tracker, log.run_id, matrix, run.data.classes)
+    if run.splits:
+        log_time_split(log.tracker, log.run_id, run.splits, len(run.history))
     if run.cfg.tracking.log_model:
         log.log_model(run)
 
@@ -304,4 +315,32 @@ def log_confusion_matrix(tracker, run_id: str, matrix: torch.Tensor, classes: li
     ax.set_yticklabels(classes)
     fig.tight_layout()
     tracker.log_figure(run_id, fig, "confusion_matrix.png")
+    plt.close(fig)
+
+
+def log_time_split(tracker, run_id: str, splits: list[dict[str, float]], epochs: int) -> None:
+    """time_split.png: each epoch this process trained as a bar of its wall time, stacked by
+    where the time went (accel.timing), its MFU above it where the run measured one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from accel.timing import PARTS
+
+    first = epochs - len(splits) + 1  # a resumed run's earlier epochs ran in another process
+    x = np.arange(first, epochs + 1)
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.5 * len(x) + 3), 4))
+    bottom = np.zeros(len(x))
+    for part in PARTS:
+        seconds = np.array([max(s[f"time_{part}_s"], 0.0) for s in splits])
+        ax.bar(x, seconds, bottom=bottom, label=part)
+        bottom += seconds
+    for xi, top, split in zip(x, bottom, splits, strict=True):
+        if "mfu" in split:
+            ax.text(xi, top, f"{split['mfu']:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set(xlabel="epoch", ylabel="seconds", title="Where each epoch's time went (MFU above)")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    tracker.log_figure(run_id, fig, "time_split.png")
     plt.close(fig)
