@@ -17,6 +17,7 @@ import torch
 
 from accel import ablation as A
 from accel import config
+from accel.ablation.split import split_table
 from accel.errors import ConfigError, NonFiniteLoss
 from accel.train import train
 from tests.conftest import ROOT, SHARED_DATA, TINY_OVERRIDES, run_cli, run_in_process
@@ -328,6 +329,26 @@ def history(*times: float) -> list[dict[str, float]]:
              "val_accuracy": 0.1 * i} for i, t in enumerate(times, 1)]
 
 
+def test_the_split_table_says_which_part_each_combination_moved():
+    """Steady epochs' medians per part; AMP that halves compute moved compute by -50%."""
+    def run(combo: str, compute: float, data: float) -> A.RunRecord:
+        split = {"time_data_s": data, "time_copy_s": 0.1, "time_compute_s": compute,
+                 "time_eval_s": 0.5, "time_record_s": 0.2, "time_other_s": 0.0,
+                 "epoch_wall_s": data + compute + 0.8, "mfu": 0.1}
+        first = {**split, "time_compute_s": 99.0}  # the first epoch is left out
+        return A.record_from_history(A.RunRecord(combo, 0, ok=True), history(9.0, 2.0, 2.0),
+                                     splits=[first, split, split])
+
+    combos = {c.name: c for c in A.combinations(("amp",))}
+    rows = [A.Row(combos["baseline"], "ok", [run("baseline", 4.0, 1.0)]),
+            A.Row(combos["amp"], "ok", [run("amp", 2.0, 1.1)])]
+    table = split_table(rows)
+    assert "| baseline | 1.000 | 0.100 | 4.000 | 0.500 | 0.200 | 0.000 | 0.100 |  |" in table
+    assert table.rstrip().endswith("| amp | 1.100 | 0.100 | 2.000 | 0.500 | 0.200 | 0.000 | "
+                                   "0.100 | compute -2 s (-50%) |")
+    assert split_table([A.Row(combos["baseline"], "ok", [A.RunRecord("baseline", 0)])]) == ""
+
+
 def test_first_epoch_is_apart_and_steady_is_the_median_of_the_rest():
     rec = A.record_from_history(A.RunRecord("x", 0), history(9.0, 2.0, 4.0, 3.0))
     assert (rec.first_epoch_s, rec.steady_epoch_s, rec.epochs) == (9.0, 3.0, 4)
@@ -456,6 +477,10 @@ def test_cli_ablation_logs_a_parent_with_one_child_per_combination(store, tmp_pa
                    env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| baseline |" in proc.stdout and "n/a on cpu" in proc.stdout
+    # Where each combination's steady epoch went, and the part it moved against the baseline.
+    split = proc.stdout[proc.stdout.index("Where a steady epoch's time went"):]
+    amp_row = next(line for line in split.splitlines() if line.startswith("| amp |"))
+    assert len(amp_row.split("|")) == 11 and amp_row.rstrip(" |").endswith("%)"), amp_row
 
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("quickstart")

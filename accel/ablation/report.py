@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from accel.ablation.plan import BASELINE, AblationPlan, Combination, not_applicable
 from accel.ablation.record import RunRecord
+from accel.ablation.split import split_table
 from accel.config import Config
 from accel.console import MISSING, fmt
 
@@ -383,4 +384,6 @@ class Ablation:
 
     def markdown(self) -> str:
         footer = f"\n{self.footer}\n" if self.footer else ""
-        return self.header + "\n\n" + markdown_table(self.rows, self.plan) + "\n" + footer
+        split = split_table(self.rows)
+        return (self.header + "\n\n" + markdown_table(self.rows, self.plan) + "\n"
+                + (f"\n{split}" if split else "") + footer)

@@ -88,7 +88,7 @@ def run_one(cfg: Config, combo: Combination, repeat: int, *, parent_run_id: str 
             torch.cuda.empty_cache()
         return record
     record.run_id, record.ok = result.run_id, True
-    return record_from_history(record, result.history, cfg.train.target)
+    return record_from_history(record, result.history, cfg.train.target, result.splits)
 
 
 def check_input(cfg: Config, techniques: tuple[str, ...], repeats: int):

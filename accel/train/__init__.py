@@ -49,6 +49,8 @@ class Result:
     wall_time_s: float = 0.0
     best_epoch: int = 0  # 1-based: the epoch whose weights checkpoint/best.pt holds
     metric: str = "val_accuracy"  # search.metric: what picked the best epoch
+    splits: list[dict[str, float]] = field(default_factory=list)  # time split + MFU per epoch
+    # this process trained (accel.timing)
 
     @property
     def best(self) -> dict[str, float]:
@@ -135,7 +137,7 @@ def _train(cfg: Config, trial: Any, run_name: str | None, tags: dict[str, str] |
             run.log.end(status, error)
             run.data.close()  # a study or an ablation trains again in this process
     return Result(run.log.run_id, final, run.history, len(run.history),
-                  time.perf_counter() - started, best, cfg.search.metric)
+                  time.perf_counter() - started, best, cfg.search.metric, run.splits)
 
 
 def carry_on(run_id: str, cfg: Config, parent_run_id: str | None, resumable: bool) -> str:
