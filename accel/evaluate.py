@@ -14,11 +14,13 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from accel import config, signals
 from accel.config import Config
 from accel.console import fmt
 from accel.errors import ConfigError, one_line
+from accel.reproduce import load_original
 from accel.tracking import retry_locked
-from accel.tracking.lineage import CONTEXTS
+from accel.tracking.lineage import CONTEXTS, log_splits
 from accel.tracking.model import METADATA_CLASSES, METADATA_INPUT, SERVED_INPUT
 from accel.tracking.store import open_store
 from accel.uris import redact, with_driver
@@ -226,9 +228,6 @@ def cli_evaluate(args, overrides: list[str]) -> int:
 
 def _config(tracker, run_id: str, path: str | None, overrides: list[str]) -> Config:
     """The config given, else the data the model was trained on, with the overrides."""
-    from accel import config
-    from accel.reproduce import load_original
-
     if path:
         return config.load(path, overrides)
     cfg = load_original(tracker, run_id).config
@@ -240,9 +239,7 @@ def _config(tracker, run_id: str, path: str | None, overrides: list[str]) -> Con
 
 def _tracked(tracker, uri: str, run_id: str, cfg: Config, job: _Job) -> tuple[str, Evaluation]:
     """Score inside an evaluation run: FINISHED, KILLED on Ctrl-C or SIGTERM, else FAILED."""
-    from accel import signals
-    from accel.tracking.lineage import log_splits
-    from accel.train.run_log import log_confusion_matrix
+    from accel.train.run_log import log_confusion_matrix  # Ignite: loaded when scoring
 
     run, status = None, "FAILED"
     try:

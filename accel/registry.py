@@ -12,11 +12,13 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 
+from accel import models, signals
 from accel.config import Config
 from accel.console import note
+from accel.data import build_data, normalisation, to_unit_range
 from accel.errors import ConfigError
 from accel.reproduce import load_original
-from accel.tracking.model import log_torch_model
+from accel.tracking.model import log_torch_model, served
 
 DEFAULT_ALIAS = "champion"
 MAX_NAME = 255  # characters: MLflow's limit for aliases; its SQL stores keep names in 256
@@ -36,10 +38,6 @@ def rebuild(tracker, run_id: str, cfg: Config):
     [0, 1] images, normalised inside, class names in the metadata), and one input example (two
     validation images in [0, 1], float32 [2, C, H, W]): (module, example, metadata)."""
     import torch
-
-    from accel import models
-    from accel.data import build_data, normalisation, to_unit_range
-    from accel.tracking.model import served
 
     data = build_data(cfg, torch.device("cpu"))
     net = models.build_model(cfg, data.num_classes, data.in_chans, data.img_size)
@@ -72,8 +70,6 @@ def register(tracker, run_id: str, name: str, alias: str = DEFAULT_ALIAS,
     original = load_original(tracker, run_id)
     model_uri, serialization = log_model(tracker, run_id, original.config)
     all_tags = {"accel.run_id": run_id, "accel.serialization": serialization, **(tags or {})}
-    from accel import signals
-
     version = None
     try:
         with signals.atomic():  # a stop inside waits: no version is left without its alias

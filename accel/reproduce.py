@@ -17,7 +17,7 @@ from accel import config
 from accel.config import Config, ConfigError
 from accel.config_params import from_params
 from accel.console import fmt, note, warn
-from accel.tracking.environment import environment_diff
+from accel.tracking.environment import environment, environment_diff
 from accel.tracking.store import (
     fetch_run,
     local_artifact_dir,
@@ -25,6 +25,7 @@ from accel.tracking.store import (
     read_artifact,
     rerun_experiment,
 )
+from accel.uris import resolve_uri
 
 TABLE_METRICS = ("val_accuracy", "val_f1", "val_loss", "test_accuracy", "train_updates")
 AMP_PARAMS = {"bfloat16": "bf16", "float16": "fp16", "off": "off"}  # resolved.amp -> train.amp
@@ -143,7 +144,6 @@ def _median_epoch_time(tracker, run_id: str) -> float | None:
 def check_environment(original: Original) -> list[str]:
     """Every difference between where the run ran and this machine, one line each."""
     from accel.engine import resolve_device
-    from accel.tracking import environment
 
     if original.environment is None:
         return []
@@ -200,8 +200,6 @@ def point_at(cfg: Config, uri: str, experiment: str) -> None:
     Keys are changed only where they would resolve elsewhere, so that a rerun in the original
     store logs exactly the original params.
     """
-    from accel.uris import resolve_uri
-
     if resolve_uri(cfg.tracking.uri) != uri:
         cfg.tracking.uri = uri
     if (cfg.tracking.experiment or cfg.name) != experiment:

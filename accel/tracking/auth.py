@@ -25,8 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from accel.console import quiet_libraries
 from accel.errors import ConfigError
-from accel.uris import redact, with_driver
+from accel.tracking.store import check_reachable
+from accel.uris import redact, resolve_uri, with_driver
 
 DEFAULT_ADMIN = "admin"
 # Logged-in users read everything; they edit what they created or were granted (an account
@@ -117,8 +119,6 @@ def account(uri: str, read_only: bool) -> str:
     from mlflow.exceptions import MlflowException
     from mlflow.server import get_app_client
 
-    from accel.tracking.store import check_reachable
-
     user, password = _environ("MLFLOW_TRACKING_USERNAME"), _environ("MLFLOW_TRACKING_PASSWORD")
     admin = os.environ.get("MLFLOW_AUTH_ADMIN_USERNAME") or DEFAULT_ADMIN
     admin_password = _environ("MLFLOW_AUTH_ADMIN_PASSWORD")
@@ -167,9 +167,6 @@ def _revoke(client, user: str, resource: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from accel.console import quiet_libraries
-    from accel.uris import resolve_uri
-
     parser = argparse.ArgumentParser(prog="python -m accel.tracking.auth",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

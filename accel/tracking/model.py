@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from accel import signals
 from accel.console import warn
 from accel.errors import one_line
+from accel.tracking.client import retry_locked
 from accel.uris import with_driver
 
 MODEL_NAME = "model"  # the logged model's name in its run
@@ -77,8 +79,6 @@ def log_torch_model(tracking_uri: str, run_id: str, model, example, label: str,
     # Default experiment, where runs:/RUN_ID/model does not find it.
     logged = client.create_logged_model(run.info.experiment_id, name=MODEL_NAME,
                                         source_run_id=run_id, params=run.data.params)
-    from accel import signals
-
     try:
         # MLflow's own store writes inside log_model are not accel's: a stop cutting one in
         # half leaves SQLite locked, and marking the model FAILED then waits out the lock. A
@@ -99,8 +99,6 @@ def log_torch_model(tracking_uri: str, run_id: str, model, example, label: str,
                     warn(f"torch.export cannot trace {label} ({one_line(e)[:150]}); logging "
                          "it pickled instead (loading it needs timm and runs code)")
     except BaseException as e:  # an error or a stop: the half-logged model says so
-        from accel.tracking.client import retry_locked
-
         try:  # a stop inside a store call can leave SQLite locked for a moment
             retry_locked(client.finalize_logged_model, logged.model_id, "FAILED")
         except Exception as failed:  # it must not hide the error or the stop that ended it
