@@ -1,14 +1,17 @@
-"""`accel` command line. Heavy libraries are imported inside the commands: `--help` is instant."""
+"""`accel` command line. Each command imports its own module (and through it torch, MLflow,
+Optuna) inside its `cmd_*` function, so that `--help` and a bad argument answer at once; only
+light modules are imported here."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from accel import signals, usage
+from accel import config, console, foreground, signals, usage
 from accel.config import DEFAULT_CONFIG, Config
-from accel.console import program
+from accel.console import program, quiet_libraries
 from accel.errors import ConfigError, NonFiniteLoss, RankFailed, first_line, one_line
 from accel.outage import StoreUnavailable
 from accel.report import command as report
@@ -26,8 +29,6 @@ class Parser(argparse.ArgumentParser):
 
 def load_config(items: list[str]) -> Config:
     """`[CONFIG] [KEY=VALUE ...]`: the first item is the config file unless it is an override."""
-    from accel import config
-
     path: str | Path | None = None
     if items and "=" not in items[0]:
         path, items = items[0], items[1:]
@@ -42,21 +43,21 @@ def load_config(items: list[str]) -> Config:
 def cmd_train(args: argparse.Namespace) -> int:
     # a named experiment keeps its name on other data
     named = [f"tracking.experiment={args.experiment}"] if args.experiment else []
-    cfg = load_config([*args.items, *named, *_nproc(args)])  # bad input: before torch loads
-    from accel.train import describe, launch, train
+    cfg = load_config([*args.items, *named, *_nproc(args)])  # checked before torch loads
+    from accel.train import launch, result_line, train
 
     if args.tracking_uri:
         cfg.tracking.uri = args.tracking_uri
     result = train(cfg)
-    if not launch.torchrun_follower():  # under torchrun rank 0 alone reports
-        print(describe(result))
+    if not launch.torchrun_follower():  # under torchrun, rank 0 alone reports
+        print(result_line(result))
     return 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     # --study names the experiment (accel.tune.study): no note of a name derived from the data
     named = [f"tracking.experiment={args.study}"] if args.study else []
-    cfg = load_config([*args.items, *named, *_nproc(args)])  # bad input: before torch loads
+    cfg = load_config([*args.items, *named, *_nproc(args)])  # checked before torch loads
     from accel import tune
     from accel.train import launch
 
@@ -124,7 +125,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     files = [item for item in args.items if "=" not in item]
     overrides = [item for item in args.items if "=" in item]
     cfgs = [load_config([f, *overrides]) for f in files] or [load_config(overrides)]
-    from accel import ablation  # bad input above: before torch loads
+    from accel import ablation  # after the configs are checked: torch loads here
 
     if len(cfgs) > 1:
         return ablation.cli_grid(args, cfgs)
@@ -132,9 +133,6 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    import os
-
-    from accel import console, foreground
     from accel.tracking import Tracker
     from accel.tracking.store import ui_pages
 
@@ -165,7 +163,6 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """optuna-dashboard (the `dashboard` extra) on the study storage, bound to 127.0.0.1."""
     import importlib.util
-    import os
     import subprocess
 
     from accel.tune.storage import default_storage, is_journal
@@ -346,17 +343,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args = commands[argv[0]].parse_intermixed_args(argv[1:])
         args.command = argv[0]
         return args
-    return parser.parse_args(argv)  # --help, no command or an unknown one: argparse says so
+    return parser.parse_args(argv)  # argparse answers --help, no command or an unknown one
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
-    from accel.console import quiet_libraries
-
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse(argv)
-    signals.command[:] = [program(), *(redact(a) for a in argv)]  # a stop says how to rerun
+    # The command as typed, passwords hidden: what a stopped `accel tune` prints to carry on.
+    args.command_line = [program(), *(redact(a) for a in argv)]
     # accel opens its own runs by id; a run id inherited from a parent process (an `mlflow run`
     # project, a notebook) must not redirect anything into that run.
     os.environ.pop("MLFLOW_RUN_ID", None)
@@ -380,10 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     except (NonFiniteLoss, RankFailed, StoreUnavailable) as e:
         print(f"accel: error: {e}", file=sys.stderr)
         return 1
-    except OSError as e:  # a full disk, an artifact folder that cannot be written
+    except OSError as e:  # a full disk, say, or an artifact folder that cannot be written
         print(f"accel: error: {one_line(e)}", file=sys.stderr)
         return 1
-    except Exception as e:  # a tracking server's login refusing what was asked: bad input too
+    except Exception as e:  # a tracking server's login that refuses what was asked is bad input
         from accel.tracking.client import store_refusal
 
         refusal = store_refusal(e, resolve_uri(getattr(args, "tracking_uri", None)))

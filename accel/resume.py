@@ -18,7 +18,7 @@ from accel.tracking.store import open_store
 
 
 def cli_resume(args) -> int:
-    from accel.train import Replay, describe, train
+    from accel.train import Replay, result_line, train
     from accel.train.checkpoint import CheckpointMismatch, download
 
     run_id = args.run_id
@@ -52,7 +52,7 @@ def cli_resume(args) -> int:
     except CheckpointMismatch as e:  # the data or the model's code changed since
         raise ConfigError(f"run {run_id}: {e}; `accel reproduce {run_id}` trains it from the "
                           "start") from None
-    print(describe(result))
+    print(result_line(result))
     return 0
 
 

@@ -10,8 +10,9 @@ import sys
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: list[int] = []
-_left: list[str] = []  # what a stop left behind, for the command's last line (`left_behind`)
-command: list[str] = []  # the command line being run (passwords hidden), to say how to rerun it
+# What a stop left behind, for the command's last line (`left_behind`). Process-wide because the
+# KeyboardInterrupt that carries a stop up to `accel.cli.main` has no room for it.
+_left: list[str] = []
 
 
 def _stop_once(signum, frame) -> None:
@@ -99,7 +100,7 @@ def deferred_stops():
         if len(_received) == before:
             restore(previous)
         else:
-            ignore_stops()  # the clean-up after the step must not be interrupted
+            ignore_stops()  # nothing may interrupt the clean-up after the step
             # Raised also in place of an error the step raised: a caller that retries that
             # error (a store write SQLite refused as locked) would otherwise lose the stop,
             # with every later signal ignored.

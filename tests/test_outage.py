@@ -137,12 +137,12 @@ def test_a_stopped_trial_left_unqueued_is_queued_once_also_when_it_was_a_retry()
     from optuna.storages import RetryFailedTrialCallback
     from optuna.trial import TrialState
 
-    from accel.tune import tracking as st
+    from accel.tune import study_record as record
     from accel.tune.workers import _queue_again, queue_unexplained
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study()
-    stopped = {st.ATTR_ERROR: "stopped by SIGTERM", st.ATTR_STOPPED: True}
+    stopped = {record.ATTR_ERROR: "stopped by SIGTERM", record.ATTR_STOPPED: True}
 
     def fail(attrs: dict) -> optuna.trial.FrozenTrial:
         trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
@@ -155,7 +155,7 @@ def test_a_stopped_trial_left_unqueued_is_queued_once_also_when_it_was_a_retry()
     assert _queue_again(study, first)  # trial 1, queued by the stop
     retry = fail(stopped)  # trial 1 ran and was stopped too; its process died before queuing
     assert retry.system_attrs["failed_trial"] == 0  # Optuna keeps the first attempt's number
-    fail({st.ATTR_ERROR: "RuntimeError: CUDA out of memory"})  # trial 2: its own error
+    fail({record.ATTR_ERROR: "RuntimeError: CUDA out of memory"})  # trial 2: its own error
     fail({})  # trial 3: ended without a word (its process killed between FAIL and queuing)
     assert queue_unexplained(study, settle_s=3600) == []  # too recent: left to whoever failed it
     assert queue_unexplained(study, settle_s=0) == [1, 3]

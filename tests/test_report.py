@@ -264,7 +264,7 @@ def fake_study(folder: Path, n: int) -> tuple[str, str]:
 
     from accel import config
     from accel.tracking import Tracker
-    from accel.tune import tracking as st
+    from accel.tune import study_record as record
     from accel.tune.space import trial_config
     from accel.tune.study import prepare
 
@@ -276,11 +276,11 @@ def fake_study(folder: Path, n: int) -> tuple[str, str]:
     for _ in range(n):
         trial = study.ask()
         cfg = trial_config(job.cfg, job.dims, trial)
-        run_id = tracker.start_run("q50", st.trial_run_name(trial.number),
-                                   tags=st.trial_tags("q50", trial.number, job.invocation),
+        run_id = tracker.start_run("q50", record.trial_run_name(trial.number),
+                                   tags=record.trial_tags("q50", trial.number, job.invocation),
                                    parent_run_id=job.parent_run_id)
         tracker.log_config(run_id, cfg)
-        trial.set_user_attr(st.ATTR_RUN, run_id)
+        trial.set_user_attr(record.ATTR_RUN, run_id)
         lr = math.log10(cfg.train.lr)
         for epoch in range(1, cfg.train.epochs + 1):
             accuracy = 0.99 - 0.1 * (lr + 2.5) ** 2 - 0.4 / epoch
@@ -289,8 +289,8 @@ def fake_study(folder: Path, n: int) -> tuple[str, str]:
                                          "train_throughput": 4000.0}, step=epoch)
         tracker.log_metrics(run_id, {"train_time_s": 0.3 * cfg.train.epochs}, step=epoch)
         study.tell(trial, accuracy)
-        st.close_trial_run(tracker, "q50", trial.number, "COMPLETE", run_id=run_id)
-    st.update_parent(tracker, study, job.parent_run_id, plots=False)
+        record.close_trial_run(tracker, "q50", trial.number, "COMPLETE", run_id=run_id)
+    record.update_parent(tracker, study, job.parent_run_id, plots=False)
     tracker.end_run(job.parent_run_id, "FINISHED")
     return str(journal), store
 

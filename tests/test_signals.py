@@ -236,13 +236,13 @@ def test_a_worker_that_does_not_stop_is_killed():
     its clean-up must not keep `accel tune` (and, at exit, multiprocessing) waiting forever."""
     import multiprocessing
 
-    from accel.tune.workers import _stop
+    from accel.tune.workers import stop_processes
 
     proc = multiprocessing.get_context("spawn").Process(target=_deaf_worker)
     proc.start()
     time.sleep(3)  # spawned and inside ignore_stops
     started = time.time()
-    _stop([proc], wait_s=1.0)
+    stop_processes([proc], wait_s=1.0)
     assert not proc.is_alive() and proc.exitcode == -signal.SIGKILL
     assert time.time() - started < 30
 

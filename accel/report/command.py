@@ -31,7 +31,7 @@ def check_args(args) -> None:
 def cli_report(args) -> int:
     from accel.report.write import write_run_report, write_study_report
     from accel.tracking.store import fetch_run, open_store
-    from accel.tune.commands import load_existing_study
+    from accel.tune.best import load_existing_study
     from accel.tune.storage import default_storage
     from accel.tune.study import ATTR_TRACKING
 

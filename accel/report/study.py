@@ -11,8 +11,7 @@ from accel.config import param_text
 from accel.report import records as rec
 from accel.report.page import Section, Table, cell
 from accel.tracking import retry_locked
-from accel.tune import pareto
-from accel.tune import tracking as st
+from accel.tune import pareto, study_record
 from accel.tune.storage import default_storage
 from accel.uris import redact
 
@@ -44,18 +43,18 @@ class StudyFacts:
 
     def run_id(self, trial) -> str | None:
         run = self.runs.get(trial.number)
-        return trial.user_attrs.get(st.ATTR_RUN) or (run.info.run_id if run else None)
+        return trial.user_attrs.get(study_record.ATTR_RUN) or (run.info.run_id if run else None)
 
 
 def gather(study, tracker, uri: str, storage: str) -> StudyFacts:
     from optuna.trial import TrialState
 
     runs: dict[int, Any] = {}
-    for run in st.search_runs(tracker, study.study_name, "tags.`accel.role` = 'trial'"):
+    for run in study_record.search_runs(tracker, study.study_name, "tags.`accel.role` = 'trial'"):
         number = run.data.tags.get("optuna.trial_number", "")
         if number.isdigit():
             runs[int(number)] = run  # oldest first: a trial's latest run wins
-    parent = _run_or_none(tracker, study.user_attrs.get(st.ATTR_PARENT))
+    parent = _run_or_none(tracker, study.user_attrs.get(study_record.ATTR_PARENT))
     exp = retry_locked(tracker.client.get_experiment_by_name, study.study_name)
     facts = StudyFacts(study, tracker, uri, storage, pareto.objective_names(study),
                        [d.name.lower() for d in study.directions], runs, parent,
@@ -65,7 +64,7 @@ def gather(study, tracker, uri: str, storage: str) -> StudyFacts:
         facts.front = pareto.front(study)
         facts.best = pareto.pick(study, facts.front, facts.names[0]) if facts.front else None
     else:
-        facts.best = st.best_trial(study)
+        facts.best = study_record.best_trial(study)
         facts.front = [facts.best] if facts.best else []
     return facts
 
@@ -180,7 +179,7 @@ def answer(f: StudyFacts) -> tuple[Section, dict[str, str]]:
 def how_sure(f: StudyFacts) -> Section:
     """`accel verify`'s table, intervals and probability of being best, or how to get them."""
     s = Section("sure", "How sure")
-    run = st.latest_verification(f.tracker, f.name)
+    run = study_record.latest_verification(f.tracker, f.name)
     command = f"accel verify --study {f.name}{_storage_flag(f.storage)}{rec.store_flag(f.uri)}"
     if run is None:
         s.text.append("Not verified yet. The best value above is one run with one seed, picked "

@@ -8,7 +8,7 @@ from accel.report import figures
 from accel.report import records as rec
 from accel.report.page import Section, Table, cell
 from accel.report.study import StudyFacts
-from accel.tune import tracking as st
+from accel.tune import study_record as record
 
 TOP = 5  # trials whose learning curves are drawn
 
@@ -136,7 +136,7 @@ def states(f: StudyFacts) -> Section:
     names = [t.state.name for t in trials]
     counts = {"complete": names.count("COMPLETE"), "pruned": names.count("PRUNED"),
               "failed": names.count("FAIL"),
-              "retried": len(st.retried(trials))}
+              "retried": len(record.retried(trials))}
     for extra in ("RUNNING", "WAITING"):
         if extra in names:
             counts[extra.lower()] = names.count(extra)
@@ -150,12 +150,12 @@ def states(f: StudyFacts) -> Section:
         if t.state.name != "FAIL":
             continue
         run = f.runs.get(t.number)
-        error = t.user_attrs.get(st.ATTR_ERROR) or (run.data.tags.get(st.ATTR_ERROR)
+        error = t.user_attrs.get(record.ATTR_ERROR) or (run.data.tags.get(record.ATTR_ERROR)
                                                     if run else None) or "no error recorded"
         retry = retry_of.get(t.number)
         became = (f"retried as trial {retry.number} ({retry.state.name.lower()})" if retry
                   else "not retried" + (": its own error would recur"
-                                        if st.ATTR_ERROR in t.user_attrs else ""))
+                                        if record.ATTR_ERROR in t.user_attrs else ""))
         rows.append([str(t.number), error, became, f.run_id(t) or ""])
     if rows:
         s.tables.append(Table(["trial", "error", "what became of it", "MLflow run"], rows,

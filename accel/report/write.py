@@ -69,13 +69,11 @@ def write_run_report(tracker, uri: str, run, out: str | Path | None = None) -> P
     return _publish(page, tracker, run.info.run_id, folder)
 
 
-def after_study(optuna_study, uri: str, storage: str) -> None:
+def after_study(optuna_study, tracker, storage: str) -> None:
     """At the end of `accel tune`: the study's page, and where it is; a page that cannot be
     written is a warning, never the study's failure."""
-    from accel.tracking import tracker_for
-
     try:
-        html = write_study_report(optuna_study, tracker_for(uri), uri, storage)
+        html = write_study_report(optuna_study, tracker, tracker.uri, storage)
         progress(f"report: {html}")
     except Exception as e:
         warn(f"could not write the study's report: {one_line(e)}")

@@ -1,5 +1,5 @@
 """MLflow: writing runs (`client`), where a run ran (`environment`), and reading an existing
-store back (`store`). Study and ablation runs build on these; see `accel.tune.tracking`."""
+store back (`store`). Study and ablation runs build on these; see `accel.tune.study_record`."""
 
 from accel.tracking.client import Tracker, retry_locked, scratch_dir, tracker_for
 from accel.tracking.environment import cpu_name, environment, environment_diff

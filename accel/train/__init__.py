@@ -18,15 +18,19 @@ from accel import lease, signals
 from accel.config import Config
 from accel.console import program
 from accel.errors import NonFiniteLoss
+from accel.ranks import rank
+from accel.tracking import scratch_dir
 from accel.train.checkpoint import Resume, restore
 from accel.train.epochs import find_best_epoch, run_epochs
+from accel.train.launch import ranks
 from accel.train.memory import start_fresh
 from accel.train.parts import Replay, build
 from accel.train.run import Run
 from accel.train.run_log import log_results, open_run, run_costs
 from accel.uris import redact
 
-__all__ = ["NonFiniteLoss", "Replay", "Result", "Resume", "describe", "find_best_epoch", "train"]
+__all__ = ["NonFiniteLoss", "Replay", "Result", "Resume", "find_best_epoch", "result_line",
+           "train"]
 
 METRIC_NAMES = (
     "train_loss",
@@ -80,11 +84,8 @@ def train(
     `resume` carries on from a last-epoch checkpoint (accel.train.checkpoint); `replay` makes
     the decisions a logged run made on its machine again (accel.train.parts.Replay). With
     `train.nproc_per_node` > 1 this process is rank 0 of the run (accel.train.launch)."""
-    from accel.ranks import rank
-    from accel.train.launch import ranks
-
     with ranks(cfg, resume):
-        if rank() != 0:  # under torchrun: rank 0 alone logs and reports
+        if rank() != 0:  # under torchrun, rank 0 alone logs and reports
             track, trial = False, None
         return _train(cfg, trial, run_name, tags, parent_run_id, track, resume, replay)
 
@@ -92,45 +93,43 @@ def train(
 def _train(cfg: Config, trial: Any, run_name: str | None, tags: dict[str, str] | None,
            parent_run_id: str | None, track: bool, resume: Resume | None,
            replay: Replay | None = None) -> Result:
-    from accel.tracking import scratch_dir
-
     started = time.perf_counter()
     start_fresh(cfg.train.device)
     run = build(cfg, replay)
     if resume is not None:
         restore(run, resume.state)
         _report_earlier_epochs(trial, run)
-    stopped = _stop_errors(trial)  # a pruned trial, Ctrl-C or SIGTERM: the run ends KILLED
+    stopped = _stop_errors(trial)  # a pruned trial, Ctrl-C or SIGTERM ends the run KILLED
     status, error = "FAILED", None
     with scratch_dir() as scratch:
         try:
             if track:
-                if trial is not None:  # its run is made once: not by a trial failed meanwhile
+                if trial is not None:  # a trial failed meanwhile must not make its run
                     lease.confirm()
-                with signals.atomic():  # made whole; a stop meanwhile then ends it KILLED
+                with signals.atomic():  # the run is made whole; a stop meanwhile ends it KILLED
                     run.log = open_run(run, run_name, tags, parent_run_id, Path(scratch), resume)
             run.attach(trial)
             final = run_epochs(run)
-            if trial is not None:  # its outcome is written once: not for a trial failed meanwhile
+            if trial is not None:  # a trial failed meanwhile must not write its outcome
                 lease.confirm()
             best = find_best_epoch(run.history, cfg.search.metric, cfg.search.direction)
             log_results(run, final, best)
             status = "FINISHED"
             run.log.drop_last_state()
         except lease.LeaseLost:
-            status = None  # the trial's record is the storage's and its retry's: left alone
+            status = None  # left alone: the storage and the trial's retry keep its record
             raise
         except BaseException as e:
             stop = isinstance(e, stopped) or signals.stop_requested()
             status, error = ("KILLED" if stop else "FAILED"), e
             log = run.log
-            if isinstance(e, stopped) and not isinstance(e, KeyboardInterrupt):  # pruned
-                log.drop_last_state()
-            elif stop and log.run_id and trial is None:  # the command's last line says how
-                # to carry the run on (a study's trials: the study says it)
-                signals.leave_behind(carry_on(log.run_id, cfg, parent_run_id,
-                                              log.resumable or resume is not None))
-            if stop and not isinstance(e, stopped):  # the signal landed inside torch.save, say
+            if isinstance(e, stopped) and not isinstance(e, KeyboardInterrupt):
+                log.drop_last_state()  # a pruned trial keeps no checkpoint: nothing resumes it
+            elif stop and log.run_id and trial is None:  # the command's last line says how to
+                # carry the run on (a study says it for its trials)
+                signals.leave_behind(stopped_run_line(log.run_id, cfg, parent_run_id,
+                                                      log.resumable or resume is not None))
+            if stop and not isinstance(e, stopped):  # it came as another error (torch.save's)
                 raise KeyboardInterrupt from e
             raise
         finally:
@@ -140,9 +139,10 @@ def _train(cfg: Config, trial: Any, run_name: str | None, tags: dict[str, str] |
                   time.perf_counter() - started, best, cfg.search.metric, run.splits)
 
 
-def carry_on(run_id: str, cfg: Config, parent_run_id: str | None, resumable: bool) -> str:
+def stopped_run_line(run_id: str, cfg: Config, parent_run_id: str | None,
+                     resumable: bool) -> str:
     """What a stopped run's command says last: the run, and how to carry it on."""
-    if parent_run_id is not None:  # a run of an ablation or a verification: its command again
+    if parent_run_id is not None:  # an ablation's or a verification's run: its command again
         return f"run {run_id} was marked KILLED"
     if not cfg.tracking.log_checkpoint:
         return (f"run {run_id} was marked KILLED (tracking.log_checkpoint=false: no checkpoint "
@@ -170,9 +170,11 @@ def _report_earlier_epochs(trial: Any, run: Run) -> None:
             trial.report(row[run.cfg.search.metric], epoch)
 
 
-def describe(result: Result) -> str:
+def result_line(result: Result) -> str:
+    """The line `accel train` and `accel resume` print for a finished run: its epochs, where the
+    time went, its last and best metrics."""
     shown = {k: v for k, v in result.metrics.items() if k in METRIC_NAMES or k.startswith("test_")}
-    if result.best_epoch:  # best.pt's epoch, which test_* and a registered model use
+    if result.best_epoch:  # shows best.pt's epoch, which test_* and a registered model use
         shown = {**shown, "best_epoch": result.best_epoch,
                  f"best_{result.metric}": result.best[result.metric]}
     parts = " ".join(f"{k}={v:.4g}" for k, v in shown.items() if math.isfinite(v))

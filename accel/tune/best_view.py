@@ -17,7 +17,7 @@ def print_front(study, counts: str, reproduce, storage_flag: str) -> None:
     print(f"Pareto front over {objectives}: {len(front)} trial(s)")
     for t in front:
         command, run_id = reproduce(t)
-        print(f"  trial {t.number}: {pareto.describe(study, t.values)}  run {run_id}  "
+        print(f"  trial {t.number}: {pareto.named_values(study, t.values)}  run {run_id}  "
               f"reproduce: {command}")
     print(f"pick one (the front's best on a metric): {program()} best --study {study.study_name}"
           f"{storage_flag} --pick {'|'.join(pareto.objective_names(study))}")

@@ -1,38 +1,39 @@
-"""The `accel tune` and `accel best` commands."""
+"""The `accel tune` command: set the study up, run this node's trials, close what is left. It
+makes its one MLflow `Tracker` during set-up and hands it to every helper that uses the store."""
 
 from __future__ import annotations
 
 import shlex
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from accel import signals
 from accel.config import Config, ConfigError
 from accel.console import note, program, progress, quiet_libraries, warn
 from accel.errors import one_line
-from accel.tracking import retry_locked, tracker_for
-from accel.tracking.store import browse_hint
+from accel.tracking import Tracker, retry_locked, tracker_for
 from accel.tune import chance, pareto, warm
-from accel.tune import tracking as st
-from accel.tune.best_view import best_lines, print_front
-from accel.tune.nodes import NodeLease, end_lease, finish_abandoned_parent, live_nodes
+from accel.tune import study_record as record
+from accel.tune.best import close_what_was_left, storage_flag
+from accel.tune.nodes import NodeLease, end_lease, live_nodes
 from accel.tune.space import check_search
 from accel.tune.storage import default_storage, is_journal, open_storage
-from accel.tune.study import (
-    ATTR_DEFINITION,
-    ATTR_TRACKING,
-    TuneJob,
-    check_study_name,
-    prepare,
-)
-from accel.tune.workers import clean_up, fail_stale, queue_unexplained, run_workers
-from accel.uris import DEFAULT_URI, redact, resolve_uri
+from accel.tune.study import TuneJob, prepare
+from accel.tune.workers import clean_up, fail_stale, run_workers
+from accel.uris import redact, resolve_uri
+
+if TYPE_CHECKING:  # Optuna's types only: importing optuna here would slow every command
+    import argparse
+
+    from optuna import Study
+
+WarmStart = tuple[list, list, str | None]  # (queued run values, copied trials, other study)
 
 
-def cli_tune(args, cfg: Config) -> int:
+def cli_tune(args: argparse.Namespace, cfg: Config) -> int:
     """`accel tune`: prepare the study and its parent run, run this node's trials, close what
-    is left; the parent run is finished by the last node to end."""
+    is left; the parent run is finished by the last node to end. A stop prints the command that
+    carries the study on: `args.command_line` (set by `accel.cli.main`) with its --n-trials."""
     n_trials = args.n_trials if args.n_trials is not None else cfg.search.n_trials
     if n_trials < 0:
         raise ConfigError(f"--n-trials {n_trials}: must be >= 0 (0: create the study only)")
@@ -41,26 +42,29 @@ def cli_tune(args, cfg: Config) -> int:
     if args.timeout is not None and not args.timeout > 0:
         raise ConfigError(f"--timeout {args.timeout}: must be > 0 seconds")
     quiet_libraries(study=True)
-    warm_start = _check_warm_start(cfg, args)  # bad run ids and studies: before anything
+    warm_start = _check_warm_start(cfg, args)  # refuses bad run ids and studies before set-up
     status, code = "FAILED", 1
-    study, job = _set_up(cfg, args, warm_start)
+    study, job, tracker = _set_up(cfg, args, warm_start)
     try:  # from the end of set-up on, a stop ends this node's trials and the parent run KILLED
-        code = _run_node(study, job, n_trials)
+        code = _run_node(study, job, tracker, n_trials)
         status = "FINISHED" if code == 0 else "FAILED"
     except KeyboardInterrupt:
         status, code = "KILLED", signals.exit_code()
     finally:
-        signals.ignore_stops()  # let the clean-up finish
+        signals.ignore_stops()  # a second stop must not cut the clean-up short
         try:
-            _finish_parent(tracker_for(job.tracking_uri), study, job, status)
-        except Exception as e:  # a store away: the next `accel tune` or `accel best` ends it
+            _finish_parent(tracker, study, job, status)
+        except Exception as e:  # the store is away: the next `accel tune` or `accel best` ends it
             warn(f"could not end the study's parent run {job.parent_run_id}: {one_line(e)}")
-    if status != "KILLED":  # the study's page (accel report), its path said
+    if status != "KILLED":  # writes the study's page (accel report) and says its path
+        # Imported here: accel.report.write imports accel.tune, whose __init__ imports this.
         from accel.report.write import after_study
-        after_study(study, job.tracking_uri, job.storage)
-    progress(summary(study, job))
+
+        after_study(study, tracker, job.storage)
+    progress(_study_summary(study, job, tracker))
     if status == "KILLED":
-        again = _carry_on(study, job, n_trials)
+        again = _command_for_trials_left(study, job, tracker, n_trials,
+                                         getattr(args, "command_line", None))
         note(f"interrupted; this run's unfinished trial(s) were marked FAIL and queued again, to "
              f"carry on from their checkpoints (their MLflow runs KILLED; the study's parent run "
              f"{job.parent_run_id}); carry the study on with: "
@@ -74,23 +78,26 @@ def cli_tune(args, cfg: Config) -> int:
     return code
 
 
-def _carry_on(study, job: TuneJob, n_trials: int) -> str:
+def _command_for_trials_left(study: Study, job: TuneJob, tracker: Tracker, n_trials: int,
+                             command_line: list[str] | None) -> str:
     """The command that runs the trials this invocation had left (the stopped trial among
-    them), and what became of the study's parent run."""
+    them): `command_line` (as typed, passwords hidden) with its --n-trials replaced, and what
+    became of the study's parent run."""
     mine = [t for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get(st.ATTR_INVOCATION) == job.invocation]
-    # Done: complete, pruned, or failed by its own error (a stopped trial carries none).
+            if t.user_attrs.get(record.ATTR_INVOCATION) == job.invocation]
+    # A trial counts as done when complete, pruned, or failed by its own error (a stopped
+    # trial carries none).
     done = sum(t.state.name in ("COMPLETE", "PRUNED")
-               or (t.state.name == "FAIL" and st.ATTR_ERROR in t.user_attrs
-                   and not t.user_attrs.get(st.ATTR_STOPPED)) for t in mine)
+               or (t.state.name == "FAIL" and record.ATTR_ERROR in t.user_attrs
+                   and not t.user_attrs.get(record.ATTR_STOPPED)) for t in mine)
     left = max(n_trials - done, 0)
-    argv = signals.command or [program(), "tune", "--study", job.study]
+    argv = command_line or [program(), "tune", "--study", job.study]
     command = shlex.join(_with_n_trials(argv, left))
     try:
-        parent = tracker_for(job.tracking_uri).client.get_run(job.parent_run_id).info.status
+        parent = tracker.client.get_run(job.parent_run_id).info.status
         became = (f"the study's parent run {job.parent_run_id} is {parent}; that command "
                   "marks it RUNNING again and adds its trials to it")
-    except Exception:  # the store away: the run's state is what the lines above said
+    except Exception:  # the store is away: the lines above already said the run's state
         became = f"the study's parent run is {job.parent_run_id}"
     return f"{command} ({left} of this run's {n_trials} trial(s) left; {became})"
 
@@ -108,15 +115,16 @@ def _with_n_trials(argv: list[str], n: int) -> list[str]:
     return [*out, "--n-trials", str(n)]
 
 
-def _check_warm_start(cfg: Config, args) -> tuple[list, list, str | None]:
+def _check_warm_start(cfg: Config, args: argparse.Namespace) -> WarmStart:
+    """What `--enqueue` and `--from-study` bring, checked before the study is touched."""
     if args.from_storage and not args.from_study:
         raise ConfigError("--from-storage needs --from-study NAME")
     if not (args.enqueue or args.from_study):
         return [], [], None
     dims = check_search(cfg)
-    queued = warm.run_values(cfg, dims, tracker_for(resolve_uri(args.tracking_uri
-                                                                or cfg.tracking.uri)),
-                             args.enqueue)
+    # The store the study will use (prepare resolves it the same way): its runs' values.
+    tracker = tracker_for(resolve_uri(args.tracking_uri or cfg.tracking.uri))
+    queued = warm.run_values(cfg, dims, tracker, args.enqueue)
     copied = []
     if args.from_study:
         here = args.storage or default_storage()
@@ -126,29 +134,31 @@ def _check_warm_start(cfg: Config, args) -> tuple[list, list, str | None]:
     return queued, copied, args.from_study
 
 
-def _set_up(cfg: Config, args, warm_start: tuple[list, list, str | None]):
+def _set_up(cfg: Config, args: argparse.Namespace,
+            warm_start: WarmStart) -> tuple[Study, TuneJob, Tracker]:
     """The study, its parent run and its first trials, as one step: a stop that arrives
     during it is acted on once it is done, so a study is never left half made (the parent
-    run then ends KILLED, the queued trials wait for the next `accel tune`)."""
-    study = job = None
+    run then ends KILLED, the queued trials wait for the next `accel tune`). Returns the
+    command's tracker too, made inside the step, where a stop cannot cut it short."""
+    study = job = tracker = None
     try:
         with signals.deferred_stops():
             study, job = prepare(cfg, args.study or cfg.name, args.storage, args.tracking_uri,
                                  queued=warm_start[0], node=True)
-            _warm_start(study, job, warm_start)
+            tracker = tracker_for(job.tracking_uri)
+            _warm_start(study, job, tracker, warm_start)
             job.workers = args.workers
             job.deadline = time.time() + args.timeout if args.timeout else None
-            tracker_for(job.tracking_uri)  # made here, where a stop cannot cut it short
-        return study, job
+        return study, job, tracker
     except BaseException as e:  # a stop, or a failure after the parent run was opened
         if job is not None:
             end_lease(study, job.invocation)
-            _finish_parent(tracker_for(job.tracking_uri), study, job,
-                           "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            _finish_parent(tracker if tracker is not None else tracker_for(job.tracking_uri),
+                           study, job, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
         raise
 
 
-def _warm_start(study, job: TuneJob, warm_start: tuple[list, list, str | None]) -> None:
+def _warm_start(study: Study, job: TuneJob, tracker: Tracker, warm_start: WarmStart) -> None:
     """Queue the runs' values, add the other study's trials; say so, and tag the parent run."""
     queued, copied, origin = warm_start
     lines = [f"queued the values of run {run_id}: {params}" for run_id, params in queued]
@@ -159,28 +169,26 @@ def _warm_start(study, job: TuneJob, warm_start: tuple[list, list, str | None]) 
     for line in lines:
         note(line)
     if lines:
-        tracker = tracker_for(job.tracking_uri)
         retry_locked(tracker.set_tags, job.parent_run_id,
-                     {"accel.warm_start": "; ".join(lines)[:st.MAX_TAG_CHARS]})
+                     {"accel.warm_start": "; ".join(lines)[:record.MAX_TAG_CHARS]})
 
 
-def _run_node(study, job: TuneJob, n_trials: int) -> int:
+def _run_node(study: Study, job: TuneJob, tracker: Tracker, n_trials: int) -> int:
     """This node's trials, under its lease on the study; after Ctrl-C or SIGTERM its
     unfinished trials are closed."""
-    tracker = tracker_for(job.tracking_uri)
     with NodeLease(study, job.invocation):
         try:
             orphans = (clean_up(study, tracker, None) if is_journal(job.storage)
                        else fail_stale(study))
-            _close_left_running(study, tracker)
+            close_what_was_left(study, tracker)
             progress(_start_line(study, job, n_trials, orphans))
             return run_workers(job, n_trials, study, tracker) if n_trials else 0
         finally:
-            signals.ignore_stops()  # let the clean-up finish
+            signals.ignore_stops()  # a second stop must not cut the clean-up short
             _clean_up(study, tracker, job.invocation)
 
 
-def _clean_up(study, tracker, invocation: str) -> None:
+def _clean_up(study: Study, tracker: Tracker, invocation: str) -> None:
     """This invocation's unfinished trials closed; a store away (a stop ends the wait for it)
     leaves them to the next invocation or `accel best`, with a warning, not a traceback."""
     try:
@@ -190,19 +198,8 @@ def _clean_up(study, tracker, invocation: str) -> None:
              "the next `accel tune` or `accel best` on the study closes them")
 
 
-def _close_left_running(study, tracker) -> None:
-    """What a dead or stopped process, or a store away, left: stopped trials not yet queued
-    again are queued, trial runs left RUNNING (or never made) are closed; said once."""
-    queued = queue_unexplained(study)
-    if queued:
-        note(f"queued again the stopped trial(s) {', '.join(map(str, queued))}")
-    closed = st.close_left_running(tracker, study)
-    if closed:
-        note(f"closed the MLflow runs left RUNNING (or never made) of finished trial(s) "
-             f"{', '.join(map(str, closed))}")
-
-
-def _start_line(study, job: TuneJob, n_trials: int, orphans: int) -> str:
+def _start_line(study: Study, job: TuneJob, n_trials: int, orphans: int) -> str:
+    """The line `accel tune` starts with: how many trials on how many workers, where."""
     before = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
     retried = f", {orphans} orphaned marked FAIL and queued again" if orphans else ""
     return (f"study {job.study}: {n_trials} trial(s) on {job.workers} worker(s); "
@@ -211,10 +208,10 @@ def _start_line(study, job: TuneJob, n_trials: int, orphans: int) -> str:
             f"(experiment {job.study}, parent run {job.parent_run_id})")
 
 
-def _finish_parent(tracker, study, job: TuneJob, status: str) -> None:
+def _finish_parent(tracker: Tracker, study: Study, job: TuneJob, status: str) -> None:
     """Update the parent run; end it unless another node still works on the study."""
     try:
-        st.update_parent(tracker, study, job.parent_run_id, plots=True)
+        record.update_parent(tracker, study, job.parent_run_id, plots=True)
     finally:
         others = live_nodes(study, exclude=job.invocation)
         if others:
@@ -224,25 +221,26 @@ def _finish_parent(tracker, study, job: TuneJob, status: str) -> None:
             retry_locked(tracker.end_run, job.parent_run_id, status)
 
 
-def _failed_only(study, invocation: str) -> bool:
+def _failed_only(study: Study, invocation: str) -> bool:
     """This invocation completed no trial and failed at least one: pruned trials are the
     pruner's verdict, not failures."""
     mine = [t for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get(st.ATTR_INVOCATION) == invocation]
-    complete = set(st.complete_states())
+            if t.user_attrs.get(record.ATTR_INVOCATION) == invocation]
+    complete = set(record.complete_states())
     return (not any(t.state in complete for t in mine)
             and any(t.state.name == "FAIL" for t in mine))
 
 
-def summary(study, job: TuneJob) -> str:
+def _study_summary(study: Study, job: TuneJob, tracker: Tracker) -> str:
+    """The line `accel tune` ends with: this invocation's trials, the best, what to run next."""
     mine = [t for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get(st.ATTR_INVOCATION) == job.invocation]
+            if t.user_attrs.get(record.ATTR_INVOCATION) == job.invocation]
     counts = {s: sum(t.state.name == s for t in mine) for s in ("COMPLETE", "PRUNED", "FAIL")}
-    best = st.best_trial(study)
+    best = record.best_trial(study)
     best_text = (f"best {job.cfg.search.metric}={best.value:.4f} (trial {best.number})"
                  if best else "no complete trial yet")
     if best is not None and (at_chance := chance.of_run(
-            tracker_for(job.tracking_uri), best.user_attrs.get(st.ATTR_RUN),
+            tracker, best.user_attrs.get(record.ATTR_RUN),
             job.cfg.search.metric, best.value)):
         best_text += f" (warning: {at_chance})"
     if pareto.is_multi(study):
@@ -250,150 +248,4 @@ def summary(study, job: TuneJob) -> str:
     return (f"study {job.study}: this run {len(mine)} trial(s) ({counts['COMPLETE']} complete, "
             f"{counts['PRUNED']} pruned, {counts['FAIL']} failed); {len(study.trials)} in all; "
             f"{best_text}. See `{program()} best --study {job.study}"
-            f"{_storage_flag(job.storage)}`")
-
-
-def _storage_flag(storage: str) -> str:
-    return "" if storage == default_storage() else f" --storage {shlex.quote(redact(storage))}"
-
-
-def load_existing_study(name: str, storage_url: str | None):
-    """A study that must already exist (`accel best`): a ConfigError naming the studies there."""
-    import optuna
-
-    check_study_name(name)
-    storage_url = storage_url or default_storage()
-    if is_journal(storage_url) and not Path(storage_url).is_file():
-        raise ConfigError(f"no Optuna storage at {storage_url}: run `accel tune` first, or "
-                          "pass --storage")
-    storage = open_storage(storage_url)
-    try:
-        return optuna.load_study(study_name=name, storage=storage)
-    except KeyError:
-        names = sorted(optuna.get_all_study_names(storage=storage))
-        raise ConfigError(f"no study '{name}' in {redact(storage_url)}; studies there: "
-                          f"{', '.join(names) or 'none'}") from None
-
-
-def cli_best(args) -> int:
-    """`accel best`: the best COMPLETE trial, its MLflow run, and the command that reruns it."""
-    quiet_libraries(study=True)
-    if args.register:
-        from accel.registry import check_name
-
-        check_name(args.register, args.alias)
-    name = args.study
-    study = load_existing_study(name, args.storage)
-    uri = args.tracking_uri or study.user_attrs.get(ATTR_TRACKING) or resolve_uri(None)
-    _close_left_running(study, tracker_for(uri))
-    abandoned = finish_abandoned_parent(study, tracker_for(uri))
-    if abandoned:
-        note(f"the study's parent run {abandoned} was RUNNING with no node left on the study "
-             "(every lease ended or expired): marked FAILED")
-    best, metric = _chosen(study, args)
-    verification = _verification(study, tracker_for(uri), args)
-    if args.verified and best is not None:
-        best = next(t for t in study.trials if t.number == int(verification.data.tags[
-            "accel.verified_best"]))
-    states = [t.state.name for t in study.trials]
-    counts = ", ".join(f"{states.count(s)} {word}" for s, word in
-                       (("COMPLETE", "complete"), ("PRUNED", "pruned"), ("FAIL", "failed")))
-    if best is None:
-        progress(f"study {name}: no complete trial yet ({len(states)} trials: {counts})")
-        return 1
-    reproduce = _reproduce_command(tracker_for(uri), name, uri)
-    command, run_id = reproduce(best)
-    at_chance = _at_chance(study, best, metric, tracker_for(uri), run_id, args)
-    if pareto.is_multi(study) and not (args.pick or args.brief):
-        print_front(study, counts, reproduce, _storage_flag(args.storage or default_storage()))
-        return 0
-    experiment = tracker_for(uri).client.get_experiment_by_name(name)
-    browse = f"browse: {browse_hint(uri, experiment.experiment_id)}" if experiment else None
-    if args.brief:
-        lines = [f"study {name}: {len(states)} trials ({counts}); best {metric} "
-                 f"{_value(study, best, metric):.4g} (trial {best.number})", browse,
-                 f"reproduce: {command}"]
-    else:
-        lines = best_lines(name, states, counts, best, metric, _value(study, best, metric),
-                            run_id, uri, command) + [browse]
-        if verification is not None:
-            lines += st.verified_lines(tracker_for(uri), verification)
-    print("\n".join(line for line in lines if line))
-    if at_chance:
-        warn(at_chance)
-    if args.register:
-        _register(args, tracker_for(uri), study, best, metric, run_id, verification, uri)
-    return 0
-
-
-def _register(args, tracker, study, best, metric: str, run_id: str, verification,
-              uri: str) -> None:
-    """`--register`: the trial's weights as a new version of the model, the alias moved."""
-    from accel import registry
-
-    done = registry.register(tracker, run_id, args.register, args.alias, tags={
-        "accel.study": study.study_name, "optuna.trial_number": str(best.number),
-        "accel.metric": metric, "accel.value": f"{_value(study, best, metric):.6g}",
-        **({"accel.verify_run": verification.info.run_id} if args.verified else {})})
-    if args.verified:
-        print(f"registered trial {best.number}, the verified best (accel verify run "
-              f"{verification.info.run_id}), with the weights of its own tuning run "
-              f"{run_id} (checkpoint/best.pt)")
-    print(f"registered: models:/{done.name}@{done.alias} (version {done.version}, "
-          f"{done.serialization}); evaluate: {program()} evaluate "
-          f"models:/{done.name}@{done.alias}"
-          + (f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""))
-
-
-def _at_chance(study, best, metric: str, tracker, run_id: str, args) -> str | None:
-    """Why the best value is within noise of chance (accel.tune.chance), or None; with
-    --register and no --force, such a trial is refused (exit 2)."""
-    if pareto.is_multi(study):
-        return None
-    said = chance.of_run(tracker, run_id, metric, _value(study, best, metric))
-    if said and args.register and not args.force:
-        raise ConfigError(f"study {study.study_name}: not registering trial {best.number}: "
-                          f"{said}; add --force to register it anyway")
-    return said
-
-
-def _verification(study, tracker, args):
-    """The study's last finished `accel verify` run, or None; `--verified` needs one."""
-    run = st.latest_verification(tracker, study.study_name)
-    if args.verified and run is None:
-        raise ConfigError(f"--verified: study '{study.study_name}' has no finished "
-                          f"verification; run `accel verify --study {study.study_name}` first")
-    return run
-
-
-def _chosen(study, args) -> tuple[Any, str]:
-    """The trial `accel best` names and its metric: the best trial; in a multi-objective study
-    the front's best on `--pick METRIC` (the first objective by default)."""
-    if not pareto.is_multi(study):
-        metric = study.user_attrs.get(ATTR_DEFINITION, {}).get("metric", "value")
-        if args.pick and args.pick != metric:
-            raise ConfigError(f"--pick {args.pick}: study '{study.study_name}' has one "
-                              f"objective, {metric}")
-        return st.best_trial(study), metric
-    metric = args.pick or pareto.objective_names(study)[0]
-    front = pareto.front(study)
-    if args.register and not args.pick:
-        raise ConfigError(f"study '{study.study_name}' has a Pareto front, not one best trial: "
-                          f"add --pick METRIC ({', '.join(pareto.objective_names(study))})")
-    return (pareto.pick(study, front, metric) if front else None), metric
-
-
-def _value(study, trial, metric: str) -> float:
-    if not pareto.is_multi(study):
-        return trial.value
-    return trial.values[pareto.objective_names(study).index(metric)]
-
-
-def _reproduce_command(tracker, name: str, uri: str):
-    def command(trial) -> tuple[str, str]:
-        run_id = trial.user_attrs.get(st.ATTR_RUN) or st.find_trial_run(tracker, name,
-                                                                         trial.number)
-        flag = f" --tracking-uri {shlex.quote(redact(uri))}" if uri != DEFAULT_URI else ""
-        return f"{program()} reproduce {run_id}{flag}", run_id
-
-    return command
+            f"{storage_flag(job.storage)}`")

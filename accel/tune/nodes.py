@@ -20,7 +20,7 @@ import time
 from accel.console import warn
 from accel.errors import one_line
 from accel.tracking import retry_locked
-from accel.tune import tracking as st
+from accel.tune import study_record as record
 from accel.tune.storage import grace_s, heartbeat_s
 
 ATTR_NODE = "accel.node."  # + invocation id: a study user attr per node
@@ -94,7 +94,7 @@ def finish_abandoned_parent(study, tracker) -> str | None:
     """End the study's parent run FAILED when it is RUNNING and no node's lease is live: its
     last node died (SIGKILL, a lost machine) after another node had left it RUNNING. Returns
     the run id when it did so."""
-    run_id = study.user_attrs.get(st.ATTR_PARENT)
+    run_id = study.user_attrs.get(record.ATTR_PARENT)
     if not run_id or live_nodes(study):
         return None
     try:
@@ -104,7 +104,7 @@ def finish_abandoned_parent(study, tracker) -> str | None:
         return None
     reason = (f"every node's lease on the study ended or expired (grace {grace_s():.0f} s) "
               "while this run was RUNNING: its last node stopped without ending it")
-    retry_locked(tracker.set_tags, run_id, {st.ATTR_ERROR: reason})
-    st.update_parent(tracker, study, run_id, plots=False)
+    retry_locked(tracker.set_tags, run_id, {record.ATTR_ERROR: reason})
+    record.update_parent(tracker, study, run_id, plots=False)
     retry_locked(tracker.end_run, run_id, "FAILED")
     return run_id

@@ -4,6 +4,7 @@ leaves exactly one MLflow run with the trial's state."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -15,9 +16,10 @@ from accel.config import COST_METRICS, ConfigError, objectives
 from accel.console import note, warn
 from accel.errors import describe_error, one_line
 from accel.outage import StoreUnavailable
-from accel.tracking import retry_locked, scratch_dir, tracker_for
-from accel.tune import tracking as st
+from accel.tracking import Tracker, retry_locked, scratch_dir, tracker_for
+from accel.tune import study_record as record
 from accel.tune.space import trial_config
+from accel.tune.storage import MAX_RETRY
 from accel.tune.study import TuneJob
 
 
@@ -32,8 +34,10 @@ class Objective:
         self.unavailable: tuple[int, StoreUnavailable] | None = None
         self.last_trial: int | None = None  # the number of the trial called last
 
-    @property
-    def tracker(self):
+    @functools.cached_property
+    def tracker(self) -> Tracker:
+        """The store's tracker, made when a trial first needs it (`tracker_for`: one per store
+        and process)."""
         return tracker_for(self.job.tracking_uri)
 
     def __call__(self, trial) -> float:
@@ -46,9 +50,9 @@ class Objective:
             # A stop ends the trial anywhere in here (one that came while Optuna asked for the
             # trial, at once); outside, accel.tune.one_trial raises it after the tell.
             with signals.live_stops():
-                trial.set_user_attr(st.ATTR_INVOCATION, job.invocation)
-                trial.set_user_attr(st.ATTR_HOST, socket.gethostname())
-                trial.set_user_attr(st.ATTR_PID, os.getpid())
+                trial.set_user_attr(record.ATTR_INVOCATION, job.invocation)
+                trial.set_user_attr(record.ATTR_HOST, socket.gethostname())
+                trial.set_user_attr(record.ATTR_PID, os.getpid())
                 cfg = trial_config(job.cfg, job.dims, trial)
                 with scratch_dir() as tmp:
                     result = self._train(cfg, trial, self._resume_point(trial, Path(tmp)))
@@ -57,7 +61,7 @@ class Objective:
             state = "COMPLETE"
             return values[0] if len(values) == 1 else values
         except lease.LeaseLost:
-            state = None  # failed meanwhile by another worker, whose close is the record
+            state = None  # another worker failed it meanwhile: that worker's close is its record
             raise
         except optuna.TrialPruned:
             state = "PRUNED"
@@ -86,12 +90,12 @@ class Objective:
         from accel.train.checkpoint import CheckpointMismatch
 
         job = self.job
-        kwargs = dict(trial=trial, run_name=st.trial_run_name(trial.number),
-                      tags=st.trial_tags(job.study, trial.number, job.invocation),
+        kwargs = dict(trial=trial, run_name=record.trial_run_name(trial.number),
+                      tags=record.trial_tags(job.study, trial.number, job.invocation),
                       parent_run_id=job.parent_run_id)
         try:
             return train(cfg, resume=resume, **kwargs)
-        except CheckpointMismatch as e:  # raised before train() opens a run, with resume only
+        except CheckpointMismatch as e:  # train() raises it before opening a run, when resuming
             warn(f"trial {trial.number}: run {resume.source_run_id}: {e}: the retry starts "
                  "from epoch 1")
         return train(cfg, **kwargs)
@@ -106,11 +110,11 @@ class Objective:
 
         frozen = next(t for t in trial.study.get_trials(deepcopy=False)
                       if t.number == trial.number)
-        with warnings.catch_warnings():  # "experimental" in Optuna 5
+        with warnings.catch_warnings():  # Optuna 5 calls the retry API experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             attempts = RetryFailedTrialCallback.retry_history(frozen)
         for number in reversed(attempts):
-            run_id = st.find_trial_run(self.tracker, self.job.study, number)
+            run_id = record.find_trial_run(self.tracker, self.job.study, number)
             if run_id is None:
                 continue
             resume, notes = download(self.tracker, run_id, dest)
@@ -127,31 +131,28 @@ class Objective:
         lease.confirm()  # a trial failed meanwhile as stale: its record stays as that left it
         message = describe_error(error) if error else None
         if interrupted and not message:
-            from accel import signals
-            from accel.tune.storage import MAX_RETRY
-
             message = (f"stopped by {signals.stopped_by()}: queued again, to carry on from its "
                        f"checkpoint (up to {MAX_RETRY} retries)")
         try:  # never hide the trial's own outcome (a stop, an error) behind a store's error
             if message:
-                trial.set_user_attr(st.ATTR_ERROR, message[:st.MAX_TAG_CHARS])
-            if interrupted:  # queued again once it is FAIL; a later close of its run: KILLED
-                trial.set_user_attr(st.ATTR_STOPPED, True)
+                trial.set_user_attr(record.ATTR_ERROR, message[:record.MAX_TAG_CHARS])
+            if interrupted:  # queued again once it is FAIL; a later close ends its run KILLED
+                trial.set_user_attr(record.ATTR_STOPPED, True)
         except Exception as e:  # the next invocation queues and closes what is missing
             warn(f"trial {trial.number}: could not record how it ended: {one_line(e)}")
         try:
-            run_id = st.close_trial_run(self.tracker, self.job.study, trial.number, state,
+            run_id = record.close_trial_run(self.tracker, self.job.study, trial.number, state,
                                         message, run_id=run_id, interrupted=interrupted,
                                         open_run=lambda: self._open_run(trial.number))
-            trial.set_user_attr(st.ATTR_RUN, run_id)
+            trial.set_user_attr(record.ATTR_RUN, run_id)
         except Exception as e:  # never hide the trial's own outcome behind a logging error
             warn(f"trial {trial.number}: could not update its MLflow run: {one_line(e)}")
 
     def _open_run(self, number: int) -> str:
         """The run of a trial that failed before `train()` opened one (bad value, data error)."""
         job = self.job
-        run_id = retry_locked(self.tracker.start_run, job.study, st.trial_run_name(number),
-                              tags=st.trial_tags(job.study, number, job.invocation),
+        run_id = retry_locked(self.tracker.start_run, job.study, record.trial_run_name(number),
+                              tags=record.trial_tags(job.study, number, job.invocation),
                               parent_run_id=job.parent_run_id)
         retry_locked(self.tracker.log_config, run_id, job.cfg)
         return run_id

@@ -64,5 +64,6 @@ def pick(study, trials: list, metric: str):
     return (max if up else min)(trials, key=lambda t: t.values[i])
 
 
-def describe(study, values: list[float]) -> str:
+def named_values(study, values: list[float]) -> str:
+    """`metric=value` for each objective, as trial lines and the front show them."""
     return " ".join(f"{n}={v:.4g}" for n, v in zip(objective_names(study), values, strict=True))

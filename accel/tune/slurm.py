@@ -29,7 +29,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accel.errors import ConfigError
+from accel.console import progress, quiet_libraries, warn
+from accel.errors import ConfigError, one_line
+from accel.tracking import retry_locked, tracker_for
+from accel.tune import study_record as record
+from accel.tune.commands import cli_tune
+from accel.tune.nodes import ATTR_NODE
+from accel.tune.storage import default_storage, open_storage
+from accel.uris import redact, resolve_uri
 
 WARN_S = 300  # SIGUSR1 this long before the time limit: a stop's clean-up takes seconds
 TASK_LOG = "%x-%A_%a.out"  # Slurm's filename pattern: job name, array job id, task index
@@ -63,8 +70,6 @@ def share(n_trials: int, tasks: int, index: int) -> int:
 
 def check_launch(storage: str, tracking_uri: str, tasks: int) -> None:
     """The refusals before anything is made: one line each (exit 2)."""
-    from accel.uris import redact
-
     if tasks < 1:
         raise ConfigError(f"--slurm {tasks}: must be >= 1 (array tasks)")
     scheme = storage.split("://", 1)[0].split("+", 1)[0] if "://" in storage else "journal"
@@ -151,12 +156,6 @@ def task_args(args: argparse.Namespace) -> list[str]:
 
 def cli_submit(args: argparse.Namespace, cfg) -> int:
     """`accel tune ... --slurm N`: set the study up, write and log the script, submit it."""
-    from accel.console import progress, warn
-    from accel.errors import one_line
-    from accel.tune.commands import cli_tune
-    from accel.tune.storage import default_storage
-    from accel.uris import resolve_uri
-
     storage = args.storage or default_storage()
     tracking_uri = resolve_uri(args.tracking_uri or cfg.tracking.uri)
     check_launch(storage, tracking_uri, args.slurm)
@@ -218,12 +217,8 @@ def _log_script(study_name: str, storage: str, tracking_uri: str, script: Path,
     """The script as an artifact of the study's parent run (`slurm/`), the job id as a tag."""
     import optuna
 
-    from accel.tracking import retry_locked, tracker_for
-    from accel.tune import tracking as st
-    from accel.tune.storage import open_storage
-
     study = optuna.load_study(study_name=study_name, storage=open_storage(storage))
-    run_id = study.user_attrs[st.ATTR_PARENT]
+    run_id = study.user_attrs[record.ATTR_PARENT]
     tracker = tracker_for(tracking_uri)
     retry_locked(tracker.client.log_artifact, run_id, str(script), f"slurm/{job_id}")
     retry_locked(tracker.set_tags, run_id, {"accel.slurm_job": job_id})
@@ -235,15 +230,12 @@ def _log_script(study_name: str, storage: str, tracking_uri: str, script: Path,
 def finished_by(study, processes: set[tuple[str, int]]) -> int:
     """Trials that the `accel tune` processes (host, pid) finished: COMPLETE, PRUNED, or FAIL
     and not queued again (a stopped or dead worker's trial queued again is the retry's)."""
-    from accel.tune import tracking as st
-    from accel.tune.nodes import ATTR_NODE
-
     invocations = {key[len(ATTR_NODE):] for key, lease in study.user_attrs.items()
                    if key.startswith(ATTR_NODE) and isinstance(lease, dict)
                    and (lease.get("host"), lease.get("pid")) in processes}
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-    return sum(1 for t in trials if t.user_attrs.get(st.ATTR_INVOCATION) in invocations
+    return sum(1 for t in trials if t.user_attrs.get(record.ATTR_INVOCATION) in invocations
                and t.state.name in ("COMPLETE", "PRUNED", "FAIL") and t.number not in retried)
 
 
@@ -269,9 +261,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pids", type=Path, required=True)
     args = p.parse_args(argv)
     import optuna
-
-    from accel.console import quiet_libraries
-    from accel.tune.storage import default_storage, open_storage
 
     quiet_libraries(study=True)
     study = optuna.load_study(study_name=args.study, storage=open_storage(default_storage()))

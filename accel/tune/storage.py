@@ -14,7 +14,7 @@ from pathlib import Path
 from accel.errors import ConfigError, one_line
 from accel.outage import StoreUnavailable, ride_out
 from accel.tracking import tracker_for
-from accel.tune.tracking import close_dead_trial
+from accel.tune.study_record import close_dead_trial
 from accel.uris import DEFAULT_STORAGE, redact, sqlite_path, with_driver
 
 __all__ = ["DEFAULT_STORAGE", "RetryStaleTrial", "default_storage", "is_journal",

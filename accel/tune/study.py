@@ -21,7 +21,7 @@ from accel.console import note
 from accel.signals import stop_requested
 from accel.tracking import Tracker
 from accel.tracking.store import check_reachable
-from accel.tune import tracking as st
+from accel.tune import study_record as record
 from accel.tune import warm
 from accel.tune.nodes import process_alive, write_lease
 from accel.tune.space import Dim, check_same_study, check_search, definition, get_key
@@ -192,7 +192,7 @@ def prepare(cfg: Config, study_name: str, storage_url: str | None = None,
     invocation = uuid.uuid4().hex[:12]
     if node:  # live before the parent run is reopened: no other process ends it meanwhile
         write_lease(study, invocation)
-    parent = st.ensure_parent_run(Tracker(uri), study, cfg, storage_url)
+    parent = record.ensure_parent_run(Tracker(uri), study, cfg, storage_url)
     if created:
         warm.enqueue_runs(study, queued)  # what the user asked for first, the file's next
         warm.enqueue_file_entries(study, cfg, dims)

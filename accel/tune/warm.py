@@ -21,7 +21,7 @@ from accel.tracking import retry_locked
 from accel.tune import pareto
 from accel.tune.space import Dim, get_key
 from accel.tune.storage import is_journal
-from accel.tune.tracking import ATTR_COPIED, ATTR_RUN
+from accel.tune.study_record import ATTR_COPIED, ATTR_RUN
 
 ATTR_ENQUEUED = "accel.enqueued_from"  # trial user attr: the run or file entry it came from
 

@@ -25,7 +25,7 @@ from accel.errors import one_line
 from accel.signals import handle_stops, ignore_stops, stop_requested
 from accel.tracking import retry_locked
 from accel.tune import pareto
-from accel.tune import tracking as st
+from accel.tune import study_record as record
 from accel.tune.nodes import process_alive
 from accel.tune.objective import Objective
 from accel.tune.one_trial import run_one_trial
@@ -69,8 +69,8 @@ def run_worker(job: TuneJob, index: int, slots: TrialSlots, restart: int = 0) ->
     `restart` counts the workers that took this one's place: each samples with its own seed."""
     import optuna
 
-    for store in (job.storage, job.tracking_uri):  # the invocation reached both: outages of
-        outage.mark_reached(store)  # either are waited for (accel.outage)
+    for store in (job.storage, job.tracking_uri):  # the invocation reached both, so an outage
+        outage.mark_reached(store)  # of either is waited for (accel.outage)
     study = optuna.load_study(
         study_name=job.study,
         storage=open_storage(job.storage, on_stale=RetryStaleTrial(job.tracking_uri)),
@@ -79,13 +79,13 @@ def run_worker(job: TuneJob, index: int, slots: TrialSlots, restart: int = 0) ->
     )
     objective = Objective(job)
     prefix = f"[worker {index}] " if job.workers > 1 else ""
-    last_plots = [time.time() - st.PLOT_EVERY_S / 2]  # the first plots come after a few trials
+    last_plots = [time.time() - record.PLOT_EVERY_S / 2]  # the first plots wait a few trials
 
     def after_trial(study, trial) -> None:
         progress(prefix + describe_trial(study, trial, job.cfg.search.metric))
-        plots = time.time() - last_plots[0] >= st.PLOT_EVERY_S
+        plots = time.time() - last_plots[0] >= record.PLOT_EVERY_S
         try:
-            st.update_parent(objective.tracker, study, job.parent_run_id, plots=plots)
+            record.update_parent(objective.tracker, study, job.parent_run_id, plots=plots)
             last_plots[0] = time.time() if plots else last_plots[0]
         except Exception as e:
             warn(f"could not update the study run: {one_line(e)}")
@@ -95,11 +95,11 @@ def run_worker(job: TuneJob, index: int, slots: TrialSlots, restart: int = 0) ->
             break
         try:
             if run_one_trial(study, objective, after_trial, prefix) is None:
-                slots.give_back()  # lost to its retry, which takes the slot
+                slots.give_back()  # the trial went to its retry, which takes the slot
         except KeyboardInterrupt:
             _queue_stopped(study, objective.last_trial)
             raise
-        if stop_requested():  # a stop that reached the trial as another error
+        if stop_requested():  # a stop reached the trial as another error
             _queue_stopped(study, objective.last_trial)
             raise KeyboardInterrupt
         if objective.bad_input is not None:
@@ -122,24 +122,25 @@ def _queue_stopped(study, number: int | None) -> None:
     try:
         trials = study.get_trials(deepcopy=False)
         trial = next((t for t in trials if t.number == number), None)
-        if trial is None or trial.state != TrialState.FAIL or number in st.retried(trials):
-            return  # not ended by the stop (RUNNING: the clean-up closes it), or queued already
+        if trial is None or trial.state != TrialState.FAIL or number in record.retried(trials):
+            return  # the stop did not end it (the clean-up closes a RUNNING one), or it is queued
         _queue_again(study, trial)
-    except Exception as e:  # the store is away: the next invocation queues it (reconcile)
+    except Exception as e:  # the store is away: the next invocation queues it
         warn(f"trial {number} could not be queued again now: {one_line(e)}")
 
 
 def describe_trial(study, trial, metric: str) -> str:
+    """The line a worker prints when a trial ends: its state, value or error, and the best."""
     took = f" in {trial.duration.total_seconds():.1f}s" if trial.duration else ""
     if trial.state.name == "COMPLETE" and pareto.is_multi(study):
-        what = pareto.describe(study, trial.values)
+        what = pareto.named_values(study, trial.values)
     elif trial.state.name == "COMPLETE":
         what = f"{metric}={trial.value:.4f}"
     elif trial.state.name == "PRUNED":
         what = f"at epoch {trial.last_step}" if trial.last_step is not None else ""
     else:
-        what = trial.user_attrs.get(st.ATTR_ERROR, "")
-    best = st.best_trial(study)
+        what = trial.user_attrs.get(record.ATTR_ERROR, "")
+    best = record.best_trial(study)
     tail = f"; best {best.value:.4f} (trial {best.number})" if best else ""
     if pareto.is_multi(study):
         tail = f"; Pareto front: {len(pareto.front(study))} trial(s)"
@@ -152,7 +153,7 @@ def describe_trial(study, trial, metric: str) -> str:
 def _worker_main(job: TuneJob, index: int, restart: int, slots: TrialSlots,
                  env: dict[str, str]) -> None:
     """Entry of a spawned worker process; its exit code tells the main process how it ended."""
-    os.environ.update(env)  # before torch is imported: which GPU this worker sees
+    os.environ.update(env)  # sets which GPU this worker sees, before torch is imported
     handle_stops()  # Ctrl-C and SIGTERM (sent to the whole process group) stop it cleanly
     quiet_libraries(study=True)
     try:
@@ -160,7 +161,7 @@ def _worker_main(job: TuneJob, index: int, restart: int, slots: TrialSlots,
 
         # Share the CPU cores instead of oversubscribing them (n workers x all cores each).
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.workers))
-        with notes_held():  # after this worker's trial lines, not between them
+        with notes_held():  # notes come after this worker's trial lines, not between them
             run_worker(job, index, slots, restart)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -191,13 +192,13 @@ def run_workers(job: TuneJob, n_trials: int, study, tracker) -> int:
     worker process that dies is replaced (at most `MAX_RETRY` times per trial of the
     invocation, as its trials are retried) while trials are left."""
     if job.workers == 1:
-        with notes_held():  # after the trial lines, not between them
+        with notes_held():  # notes come after the trial lines, not between them
             run_worker(job, 0, TrialSlots(n_trials))
         return 0
     import multiprocessing
     from multiprocessing.connection import wait
 
-    # spawn: CUDA and some BLAS builds cannot be used in a forked child.
+    # Spawned, not forked: CUDA and some BLAS builds cannot be used in a forked child.
     context = multiprocessing.get_context("spawn")
     slots = TrialSlots(n_trials, context)
     envs = _gpu_envs(job.workers, job.cfg.train.device)
@@ -216,7 +217,7 @@ def run_workers(job: TuneJob, n_trials: int, study, tracker) -> int:
             for i in [i for i, p in live.items() if not p.is_alive()]:
                 p = live.pop(i)
                 p.join()
-                if p.exitcode is None or p.exitcode >= 0:  # it ended: 0, 1, 2 or 130
+                if p.exitcode is None or p.exitcode >= 0:  # it exited (0, 1, 2 or 130): no signal
                     codes.append(p.exitcode)
                     continue
                 _retry_dead_worker(study, tracker, p, i, slots)
@@ -224,7 +225,7 @@ def run_workers(job: TuneJob, n_trials: int, study, tracker) -> int:
                     restarts[i] += 1
                     live[i] = start(i)
     except KeyboardInterrupt:
-        _stop(list(live.values()))
+        stop_processes(list(live.values()))
         raise
     if 130 in codes:
         raise KeyboardInterrupt
@@ -233,7 +234,7 @@ def run_workers(job: TuneJob, n_trials: int, study, tracker) -> int:
     return 0 if all(c == 0 for c in codes) else 1
 
 
-def _stop(procs, wait_s: float = 60.0) -> None:
+def stop_processes(procs, wait_s: float = 60.0) -> None:
     """Ctrl-C or SIGTERM reached this process: make sure the workers got it, wait, then kill
     them. Not SIGTERM: a stopping worker ignores it, and `multiprocessing` would then wait for it
     forever at exit. A killed worker's trial is closed by this process's clean-up."""
@@ -253,7 +254,7 @@ def _stop(procs, wait_s: float = 60.0) -> None:
 def _retry_dead_worker(study, tracker, proc, index: int, slots: TrialSlots) -> None:
     """A worker killed by a signal: its trial FAIL (MLflow FAILED) and queued again, which
     gives its slot back to the retry."""
-    dead = [t for t in _running(study) if t.user_attrs.get(st.ATTR_PID) == proc.pid]
+    dead = [t for t in _running(study) if t.user_attrs.get(record.ATTR_PID) == proc.pid]
     numbers = []
     for t in dead:
         if _fail_and_retry(study, tracker, t, "its worker process died; the trial is queued "
@@ -282,18 +283,18 @@ def clean_up(study, tracker, invocation: str | None) -> int:
                                                    "queued again")
                 closed += 1
             continue
-        if t.user_attrs.get(st.ATTR_INVOCATION) != invocation:
+        if t.user_attrs.get(record.ATTR_INVOCATION) != invocation:
             continue
         _fail_and_retry(study, tracker, t, "interrupted", interrupted=True)
         closed += 1
     if invocation is not None:
         try:
-            for run in st.search_runs(tracker, study.study_name,
+            for run in record.search_runs(tracker, study.study_name,
                                       f"tags.`accel.invocation` = '{invocation}' AND "
                                       "attributes.status = 'RUNNING'"):
                 retry_locked(tracker.set_tags, run.info.run_id, {"optuna.trial_state": "FAIL"})
                 retry_locked(tracker.end_run, run.info.run_id, "KILLED")
-        except Exception as e:  # the store away: the next invocation or `accel best` closes them
+        except Exception as e:  # the store is away: the next invocation or `accel best` closes them
             warn(f"could not close this invocation's runs: {one_line(e)}")
     return closed
 
@@ -306,7 +307,7 @@ def fail_stale(study) -> int:
     import optuna
 
     before = {t.number for t in _running(study)}
-    with warnings.catch_warnings():  # "experimental" in Optuna 5
+    with warnings.catch_warnings():  # Optuna 5 calls these APIs experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     return len(before - {t.number for t in _running(study)})
@@ -325,8 +326,8 @@ def _fail_and_retry(study, tracker, trial, message: str, *, interrupted: bool = 
     from optuna.trial import TrialState
 
     if interrupted:  # a later invocation that closes its run closes it KILLED too
-        with contextlib.suppress(Exception):  # finished meanwhile: its run was closed then
-            study._storage.set_trial_user_attr(trial._trial_id, st.ATTR_STOPPED, True)
+        with contextlib.suppress(Exception):  # a trial that finished meanwhile had its run closed
+            study._storage.set_trial_user_attr(trial._trial_id, record.ATTR_STOPPED, True)
     study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
     queued = _queue_again(study, trial)
     if queued:
@@ -343,13 +344,13 @@ def queue_unexplained(study, settle_s: float = 5.0) -> list[int]:
     import datetime
 
     trials = study.get_trials(deepcopy=False)
-    retried = st.retried(trials)
+    retried = record.retried(trials)
     now, queued = datetime.datetime.now(), []
     for t in trials:
-        if t.state.name != "FAIL" or t.number in retried or st.ATTR_COPIED in t.user_attrs:
+        if t.state.name != "FAIL" or t.number in retried or record.ATTR_COPIED in t.user_attrs:
             continue
-        if st.ATTR_ERROR in t.user_attrs and not t.user_attrs.get(st.ATTR_STOPPED):
-            continue  # its own error: a retry would meet it again
+        if record.ATTR_ERROR in t.user_attrs and not t.user_attrs.get(record.ATTR_STOPPED):
+            continue  # it failed by its own error, which a retry would meet again
         if t.datetime_complete and (now - t.datetime_complete).total_seconds() < settle_s:
             continue
         if _queue_again(study, t):
@@ -363,7 +364,7 @@ def _queue_again(study, trial) -> bool:
     from optuna.exceptions import ExperimentalWarning
     from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
 
-    with warnings.catch_warnings():  # "experimental" in Optuna 5
+    with warnings.catch_warnings():  # Optuna 5 calls these APIs experimental
         warnings.simplefilter("ignore", ExperimentalWarning)
         queued = len(Retry.retry_history(trial)) < MAX_RETRY
         Retry(max_retry=MAX_RETRY)(study, trial)
@@ -372,13 +373,13 @@ def _queue_again(study, trial) -> bool:
 
 def _close_run(tracker, study, trial, message: str, *, interrupted: bool) -> None:
     try:
-        st.close_dead_trial(tracker, study, trial, message, interrupted=interrupted)
-    except Exception as e:  # the trial's state is what counts; its run is a view of it
+        record.close_dead_trial(tracker, study, trial, message, interrupted=interrupted)
+    except Exception as e:  # the trial's state is what counts; its run only shows it
         warn(f"trial {trial.number}: {one_line(e)}")
 
 
 def _orphaned(trial) -> bool:
     """A trial of a process on this host that no longer exists."""
-    pid = trial.user_attrs.get(st.ATTR_PID)
-    return (trial.user_attrs.get(st.ATTR_HOST) == socket.gethostname() and isinstance(pid, int)
+    pid = trial.user_attrs.get(record.ATTR_PID)
+    return (trial.user_attrs.get(record.ATTR_HOST) == socket.gethostname() and isinstance(pid, int)
             and not process_alive(pid))

@@ -8,8 +8,11 @@ import numpy as np
 
 from accel.config import ConfigError
 from accel.console import note, quiet_libraries
+from accel.reproduce import load_original
 from accel.tracking import retry_locked, tracker_for
-from accel.tune import tracking as st
+from accel.tune import study_record as record
+from accel.tune.best import load_existing_study
+from accel.tune.pareto import objective_names
 from accel.tune.study import ATTR_TRACKING
 from accel.uris import resolve_uri
 from accel.verify import report as rp
@@ -36,15 +39,11 @@ def check_args(args) -> None:
 
 
 def study_objectives(study) -> list[tuple[str, str]]:
-    from accel.tune.pareto import objective_names
-
     return [(name, d.name.lower()) for name, d in zip(objective_names(study), study.directions,
                                                       strict=True)]
 
 
 def cli_verify(args) -> int:
-    from accel.tune.commands import load_existing_study
-
     check_args(args)
     quiet_libraries(study=True)
     study = load_existing_study(args.study, args.storage)
@@ -55,7 +54,7 @@ def cli_verify(args) -> int:
     if not candidates:
         raise ConfigError(f"study '{args.study}' has no complete trial to verify")
     seeds = fresh_seeds(candidates, args.seeds)
-    parent = study.user_attrs.get(st.ATTR_PARENT)
+    parent = study.user_attrs.get(record.ATTR_PARENT)
     run_id = verification_run(tracker, args.study, parent, {
         "top": args.top, "seeds": ",".join(map(str, seeds)),
         "objectives": ",".join(name for name, _ in objectives)})
@@ -79,12 +78,10 @@ def cli_verify(args) -> int:
 
 
 def _candidates(tracker, study, top: int) -> list[Candidate]:
-    from accel.reproduce import load_original
-
     out = []
     for t in choose(study, top):
-        run_id = t.user_attrs.get(st.ATTR_RUN) or st.find_trial_run(tracker, study.study_name,
-                                                                     t.number)
+        run_id = (t.user_attrs.get(record.ATTR_RUN)
+                  or record.find_trial_run(tracker, study.study_name, t.number))
         if run_id is None:
             raise ConfigError(f"trial {t.number} of study '{study.study_name}' has no MLflow "
                               "run in this store: pass the study's --tracking-uri")
@@ -117,7 +114,7 @@ def _log(tracker, run_id: str, parent: str | None, report: rp.Report, candidates
                  "verify.md")
     retry_locked(tracker.log_figure, run_id, rp.figure(candidates, values, names), "verify.png")
     tags = {"accel.verified_best": report.best, "accel.p_best": f"{report.p_best:.3f}",
-            "accel.verdict": report.verdict[:st.MAX_TAG_CHARS]}
+            "accel.verdict": report.verdict[:record.MAX_TAG_CHARS]}
     retry_locked(tracker.set_tags, run_id, tags)
     if parent:
         retry_locked(tracker.set_tags, parent, {**tags, "accel.verify_run": run_id})

@@ -15,11 +15,15 @@ from dataclasses import dataclass
 
 from accel.config import Config
 from accel.console import note, progress
+from accel.reproduce import point_at
 from accel.signals import handle_stops
 from accel.tracking import retry_locked, tracker_for
-from accel.tune import tracking as st
+from accel.tune import study_record as record
+from accel.tune.objective import objective_values
+from accel.tune.pareto import front, is_multi
+from accel.tune.workers import stop_processes
 
-ROLE = st.VERIFY_ROLE
+ROLE = record.VERIFY_ROLE
 RERUN_ROLE = "verify-rerun"
 TAG_RUN = "accel.verify.run"  # on a rerun: its verification run
 TAG_TRIAL = "accel.verify.trial"
@@ -57,7 +61,7 @@ def ranked(study) -> list:
     """COMPLETE trials of this study (not copies of another study's), best first."""
     from optuna.study import StudyDirection
 
-    trials = study.get_trials(deepcopy=False, states=st.complete_states())
+    trials = study.get_trials(deepcopy=False, states=record.complete_states())
     maximize = study.direction == StudyDirection.MAXIMIZE
     return sorted(trials, key=lambda t: (-t.value if maximize else t.value, t.number))
 
@@ -65,13 +69,11 @@ def ranked(study) -> list:
 def choose(study, top: int) -> list:
     """The top `top` trials (a multi-objective study: its Pareto front), then the baseline
     trial when it is not among them."""
-    from accel.tune.pareto import front, is_multi
-
     trials = ranked(study) if not is_multi(study) else sorted(
-        study.get_trials(deepcopy=False, states=st.complete_states()), key=lambda t: t.number)
-    trials = [t for t in trials if st.ATTR_COPIED not in t.user_attrs]
+        study.get_trials(deepcopy=False, states=record.complete_states()), key=lambda t: t.number)
+    trials = [t for t in trials if record.ATTR_COPIED not in t.user_attrs]
     chosen = trials[:top] if not is_multi(study) else [
-        t for t in front(study) if st.ATTR_COPIED not in t.user_attrs]
+        t for t in front(study) if record.ATTR_COPIED not in t.user_attrs]
     baseline = next((t for t in trials if t.user_attrs.get(ATTR_BASELINE)), None)
     if baseline is not None and baseline not in chosen:
         chosen.append(baseline)
@@ -92,7 +94,7 @@ def fresh_seeds(candidates: list[Candidate], n: int) -> list[int]:
 
 def verification_run(tracker, study: str, study_run: str | None, params: dict) -> str:
     """The study's verification run: the latest one again (RUNNING while it works), or new."""
-    runs = st.search_runs(tracker, study, f"tags.`accel.role` = '{ROLE}'")
+    runs = record.search_runs(tracker, study, f"tags.`accel.role` = '{ROLE}'")
     if runs:
         run_id = runs[-1].info.run_id
         retry_locked(tracker.client.update_run, run_id, status="RUNNING")
@@ -106,7 +108,7 @@ def verification_run(tracker, study: str, study_run: str | None, params: dict) -
 def finished_reruns(tracker, study: str, run_id: str,
                     names: list[str]) -> dict[tuple[int, int], Rerun]:
     """The reruns of this verification that finished: (trial, seed) -> Rerun."""
-    runs = st.search_runs(tracker, study, f"tags.`{TAG_RUN}` = '{run_id}' AND "
+    runs = record.search_runs(tracker, study, f"tags.`{TAG_RUN}` = '{run_id}' AND "
                                           "attributes.status = 'FINISHED'")
     done = {}
     for r in runs:
@@ -131,9 +133,7 @@ class Job:
 
 def run_one(job: Job) -> Rerun:
     """Train the trial's logged config with a fresh seed, as a child of the verification run."""
-    from accel.reproduce import point_at
-    from accel.train import train
-    from accel.tune.objective import objective_values
+    from accel.train import train  # torch: loaded when a rerun trains, not at import
 
     c = job.candidate
     cfg = copy.deepcopy(c.config)
@@ -150,7 +150,8 @@ def run_one(job: Job) -> Rerun:
     return Rerun(c.number, job.seed, values, result.run_id)
 
 
-def describe(job: Job, done: Rerun) -> str:
+def rerun_line(job: Job, done: Rerun) -> str:
+    """The line a finished rerun prints: its trial, its seed and its values."""
     shown = " ".join(f"{name}={v:.4g}" for (name, _), v in zip(job.objectives, done.values,
                                                                strict=True))
     return f"trial {done.number} seed {done.seed}: {shown}"
@@ -161,11 +162,9 @@ def run_jobs(jobs: list[Job], workers: int) -> None:
     if workers == 1 or len(jobs) <= 1:
         for i, job in enumerate(jobs, start=1):
             note(f"rerun {i}/{len(jobs)}: trial {job.candidate.number}, train.seed={job.seed}")
-            progress(describe(job, run_one(job)))
+            progress(rerun_line(job, run_one(job)))
         return
     import multiprocessing
-
-    from accel.tune.workers import _stop
 
     context = multiprocessing.get_context("spawn")  # CUDA and some BLAS cannot fork
     queue = context.Queue()
@@ -182,7 +181,7 @@ def run_jobs(jobs: list[Job], workers: int) -> None:
         for p in procs:
             p.join()
     except KeyboardInterrupt:
-        _stop(procs)
+        stop_processes(procs)
         raise
     codes = [p.exitcode for p in procs]
     if 130 in codes:
@@ -198,13 +197,13 @@ def _worker_main(queue, workers: int) -> None:
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
         while (job := queue.get()) is not None:
-            progress(describe(job, run_one(job)))
+            progress(rerun_line(job, run_one(job)))
     except KeyboardInterrupt:
         sys.exit(130)
 
 
 def close_running(tracker, study: str, run_id: str) -> None:
     """Reruns of this verification left RUNNING (a worker killed outright) end KILLED."""
-    for r in st.search_runs(tracker, study, f"tags.`{TAG_RUN}` = '{run_id}' AND "
+    for r in record.search_runs(tracker, study, f"tags.`{TAG_RUN}` = '{run_id}' AND "
                                             "attributes.status = 'RUNNING'"):
         retry_locked(tracker.end_run, r.info.run_id, "KILLED")
