@@ -98,6 +98,18 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.05  # not applied to norms and biases
     momentum: float = 0.9  # sgd and nesterov only
+    # optimizer=muon (accel.muon), after airbench94_muon: the body's convolution filters and
+    # other weight matrices take Muon at muon_lr (the schedule scales it as it scales lr), with
+    # Nesterov momentum muon_momentum and muon_ns_steps Newton-Schulz iterations in
+    # muon_ns_dtype (bf16 or fp32), each weight scaled to a norm of sqrt(out channels) before
+    # its step (muon_renorm); norms, biases and the classifier head take muon_rest (adam,
+    # adamw, sgd, nesterov) at lr, momentum and weight_decay above
+    muon_lr: float = 0.24
+    muon_momentum: float = 0.6
+    muon_ns_steps: int = 3
+    muon_ns_dtype: str = "bf16"
+    muon_renorm: bool = True
+    muon_rest: str = "nesterov"
     clip_grad_norm: float | None = None  # max global L2 norm of the gradients; None = off
     scheduler: str = "cosine"
     warmup_epochs: float = 0.0

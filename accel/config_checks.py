@@ -9,7 +9,9 @@ from accel.errors import ConfigError
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
 AMP_MODES = ("off", "auto", "bf16", "fp16")
-OPTIMIZERS = ("adam", "adamw", "sgd", "nesterov")
+MUON_REST = ("adam", "adamw", "sgd", "nesterov")  # what takes the parameters Muon does not
+OPTIMIZERS = (*MUON_REST, "muon")
+MUON_NS_DTYPES = ("bf16", "fp32")  # the precision of Muon's Newton-Schulz iterations
 SCHEDULERS = ("cosine", "linear", "constant")
 TTA_MODES = ("none", "flip", "multicrop")
 FLIPS = ("random", "alternating")
@@ -65,11 +67,7 @@ def _require(key: str, value: Any, ok: bool, rule: str) -> None:
 def check(cfg: Any) -> None:
     """Reject values that would fail later, with the key, the value and what is allowed."""
     d, m, t, s = cfg.data, cfg.model, cfg.train, cfg.search
-    _choice("data.dataset", d.dataset, DATASETS)
-    _require("data.val_fraction", d.val_fraction, 0 <= d.val_fraction < 1, "must be in [0, 1)")
-    _require("data.num_workers", d.num_workers, d.num_workers >= 0, "must be >= 0")
-    for key, limit in (("data.train_limit", d.train_limit), ("data.test_limit", d.test_limit)):
-        _require(key, limit, limit is None or limit >= 1, "must be >= 1 or null")
+    _check_data(d)
     if not m.name:
         raise ConfigError("model.name is empty: give a timm model name, e.g. resnet18")
     _require("model.img_size", m.img_size, m.img_size is None or m.img_size >= 1,
@@ -109,6 +107,7 @@ def check(cfg: Any) -> None:
              "must be in (0, 1] or null (the model's own)")
     _require("train.nproc_per_node", t.nproc_per_node, t.nproc_per_node >= 1, "must be >= 1")
     _check_budget(t)
+    _check_muon(t)
     _require("train.epoch_length", t.epoch_length, t.epoch_length is None or t.epoch_length >= 1,
              "must be >= 1 or null")
     for key, value, choices in (
@@ -124,6 +123,14 @@ def check(cfg: Any) -> None:
     _check_target(t)
 
 
+def _check_data(d: Any) -> None:
+    _choice("data.dataset", d.dataset, DATASETS)
+    _require("data.val_fraction", d.val_fraction, 0 <= d.val_fraction < 1, "must be in [0, 1)")
+    _require("data.num_workers", d.num_workers, d.num_workers >= 0, "must be >= 0")
+    for key, limit in (("data.train_limit", d.train_limit), ("data.test_limit", d.test_limit)):
+        _require(key, limit, limit is None or limit >= 1, "must be >= 1 or null")
+
+
 def _compile_mode(t: Any) -> Any:
     """train.compile with the switch it once was read as a mode: true = default, false = off."""
     t.compile = _COMPILE_WORDS.get(str(t.compile).strip().lower(), t.compile)
@@ -137,6 +144,15 @@ def _check_budget(t: Any) -> None:
              "must be > 0 (seconds of training) or null (train.epochs)")
     _require("train.budget_s", t.budget_s, t.nproc_per_node == 1,
              "is measured by one process: set train.nproc_per_node=1 or train.budget_s=null")
+
+
+def _check_muon(t: Any) -> None:
+    _require("train.muon_lr", t.muon_lr, t.muon_lr > 0, "must be > 0")
+    _require("train.muon_momentum", t.muon_momentum, 0 <= t.muon_momentum < 1,
+             "must be in [0, 1)")
+    _require("train.muon_ns_steps", t.muon_ns_steps, t.muon_ns_steps >= 1, "must be >= 1")
+    _choice("train.muon_rest", t.muon_rest, MUON_REST)
+    _choice("train.muon_ns_dtype", t.muon_ns_dtype, MUON_NS_DTYPES)
 
 
 def _check_target(t: Any) -> None:

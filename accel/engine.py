@@ -28,7 +28,7 @@ from accel.timing import EpochClock
 
 OPTIMIZER_NAMES = {"adam": "adam", "adamw": "adamw", "sgd": "momentum", "nesterov": "sgd"}
 # ours -> timm's: timm's "sgd" is Nesterov SGD; "momentum" is classical heavy-ball SGD, the usual
-# "SGD" of papers.
+# "SGD" of papers. muon: accel.muon, with one of these for what Muon does not take.
 
 
 def resolve_device(name: str) -> torch.device:
@@ -77,16 +77,21 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig, *,
     `train.bn_bias_lr_scale`, the BatchNorm biases in a group of their own at that multiple of
     the learning rate (the schedule scales every group alike). Frozen parameters are left out.
     `fused` (fp16): torch's fused kernels, which skip an update with inf/NaN gradients on the
-    device, so GradScaler never reads its inf check on the host."""
+    device, so GradScaler never reads its inf check on the host. `muon`: Muon for the body's
+    matrices, `train.muon_rest` as built here for the rest (accel.muon)."""
     from timm.optim import create_optimizer_v2
 
-    kwargs = {"momentum": t.momentum} if t.optimizer in ("sgd", "nesterov") else {}
+    name = t.muon_rest if t.optimizer == "muon" else t.optimizer
+    kwargs = {"momentum": t.momentum} if name in ("sgd", "nesterov") else {}
     if fused:
         kwargs["fused"] = True
-    params = model if t.bn_bias_lr_scale == 1 else _param_groups(model, t)
-    return create_optimizer_v2(
-        params, opt=OPTIMIZER_NAMES[t.optimizer], lr=t.lr, weight_decay=t.weight_decay, **kwargs
-    )
+    make = functools.partial(create_optimizer_v2, opt=OPTIMIZER_NAMES[name], lr=t.lr,
+                             weight_decay=t.weight_decay, **kwargs)
+    if t.optimizer == "muon":
+        from accel.muon import build_muon
+
+        return build_muon(model, _param_groups(model, t), make, t)
+    return make(model if t.bn_bias_lr_scale == 1 else _param_groups(model, t))
 
 
 def _param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:
