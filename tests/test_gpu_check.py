@@ -148,6 +148,11 @@ def check_paper(report: str) -> None:
         for mode in ("fp32 (TF32 off)", "TF32", "bf16", "fp16 + GradScaler"):
             assert float(rows[mode]["img/s"]) > 0, (model, mode)
         assert rows["fp32 (TF32 off)"]["x fp32"] == "1.00x"
+        # MFU against the peak measured here in the row's precision; a CPU has no data sheet.
+        for row in (r for r in rows.values() if re.fullmatch(r"[\d.]+", r["img/s"])):
+            mfu, peak = row["MFU (measured peak)"].split(" of ")
+            assert 0 < float(mfu) <= 1 and float(peak) > 0, (model, row)
+            assert row["MFU (data sheet)"] == "not listed"
         assert any(" GA " in m and float(r["img/s"]) > 0 for m, r in rows.items()), model
         assert any(m.endswith("DataLoader") and float(r["img/s"]) > 0
                    for m, r in rows.items()), model

@@ -101,7 +101,7 @@ def cache_key(device: torch.device, dtype: torch.dtype | None, conv: tuple | Non
 
 
 def _matmul(device: torch.device, dtype: torch.dtype | None):
-    n = 8192 if device.type == "cuda" else 1024
+    n = 8192 if device.type == "cuda" else 512
     g = torch.Generator(device=device).manual_seed(0)
     a, b = (torch.randn(n, n, generator=g, device=device, dtype=dtype or torch.float32)
             for _ in range(2))
@@ -114,7 +114,7 @@ def _conv(device: torch.device, dtype: torch.dtype | None, conv: tuple, channels
     layer = layer.to(device, dtype or torch.float32)
     one = torch.zeros(1, c_in, h, w, device=device, dtype=dtype or torch.float32)
     per_image = 2.0 * layer(one).numel() * c_in // groups * math.prod(kernel)
-    target = 2e12 if device.type == "cuda" else 4e9  # a few milliseconds of work per repeat
+    target = 2e12 if device.type == "cuda" else 1e9  # a few milliseconds of work per repeat
     batch = max(1, min(4096, int(target // per_image)))
     x = torch.randn(batch, c_in, h, w, device=device, dtype=dtype or torch.float32)
     if channels_last:

@@ -74,7 +74,15 @@ def accel_run(seed: int, target: float, dry: bool, data_root: Path) -> None:
          test_acc=result.metrics.get("test_accuracy", float("nan")),
          time_to_target_s=hit[0] if hit else None,
          notes=f"{result.epochs} epochs, run {result.run_id}, batch {cfg.train.batch_size}, "
-               f"{cfg.train.amp}")
+               f"{cfg.train.amp}{mfu_said(result.splits)}")
+
+
+def mfu_said(splits: list[dict]) -> str:
+    """`, MFU 0.31 (0.29-0.33)` over the epochs after the first (accel.timing)."""
+    values = [s["mfu"] for s in splits[1:] or splits if "mfu" in s]
+    if not values:
+        return ""
+    return f", MFU {sorted(values)[len(values) // 2]:.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,11 +134,32 @@ def measure(name: str, m: Mode, data, args, device) -> dict:
         sync(device)
         speeds.append(args.updates * args.batch / (time.perf_counter() - began))
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
-    out = {"img_s": sorted(speeds)[BLOCKS // 2], "img_s_min": min(speeds),
-           "img_s_max": max(speeds), "peak_gib": peak}
+    img_s = sorted(speeds)[BLOCKS // 2]
+    out = {"img_s": img_s, "img_s_min": min(speeds), "img_s_max": max(speeds),
+           "peak_gib": peak, **utilisation(name, images.shape[-1], m, img_s, device)}
     if m.loader:  # what crosses the loader: float32 host batches, through /dev/shm by workers
         out["host_batch_mb"] = micro * 3 * images.shape[-1] ** 2 * 4 / 2**20
     return out
+
+
+def utilisation(name: str, size: int, m: Mode, img_s: float, device: torch.device) -> dict:
+    """The row's achieved TFLOPS and MFU against the peak measured here in its precision
+    (accel.train.peak) and against the data sheet's figure where the GPU is listed."""
+    import timm
+
+    from accel.engine import resolve_amp
+    from accel.flops import count_training_flops
+    from accel.train.peak import peak
+
+    with torch.device("meta"):
+        model = timm.create_model(name, num_classes=10, **({"img_size": size}
+                                                          if "vit" in name else {}))
+    count = count_training_flops(model, (3, size, size))
+    top = peak(device, resolve_amp(m.amp, device), count.heaviest_conv, m.channels_last)
+    achieved = img_s * count.per_image / 1e12
+    return {"tflops": achieved, "peak_tflops": top.tflops, "mfu": achieved / top.tflops,
+            "vendor_tflops": top.vendor_tflops,
+            "mfu_vendor": achieved / top.vendor_tflops if top.vendor_tflops else None}
 
 
 def sync(device: torch.device) -> None:

@@ -41,7 +41,8 @@ def ablation(text: str) -> Summary:
     """`accel ablate`'s table (stdout) and its closing line: every run must succeed."""
     lines = text.splitlines()
     closing = [ln for ln in lines if ln.startswith("MLflow: parent run ")]
-    heads = [i for i, ln in enumerate(lines) if ln.startswith("| combination |")]
+    heads = [i for i, ln in enumerate(lines)  # the speed-up table, not the time split's
+             if ln.startswith("| combination |") and "speed-up" in ln]
     if not closing or not heads:
         return Summary(False, "no ablation table in the output")
     start = heads[-1]
@@ -105,12 +106,14 @@ def paper_table(model: str, rows: list[dict]) -> tuple[str, str]:
     fp32, tf32 = base.get("fp32 (TF32 off)"), base.get("TF32")
     anchor = ANCHORS.get(model, {})
     lines = [f"**{model}** ({anchor.get('note', 'no published anchor')})", "",
-             "| mode | img/s | 3 blocks | host batch MB | peak GiB | x fp32 | x TF32 | x anchor |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| mode | img/s | 3 blocks | host batch MB | peak GiB | x fp32 | x TF32 | x anchor |"
+             " TFLOPS | MFU (measured peak) | MFU (data sheet) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         speed = r.get("img_s")
         if speed is None:
-            lines.append(f"| {r['mode']} | {r.get('error') or r.get('skipped')} | | | | | | |")
+            lines.append(f"| {r['mode']} | {r.get('error') or r.get('skipped')} | | | | | | |"
+                         " | | |")
             continue
         key = "tf32" if r["mode"] == "TF32" else "amp" if r["amp"] != "off" else ""
         ref = anchor.get(key)
@@ -119,13 +122,23 @@ def paper_table(model: str, rows: list[dict]) -> tuple[str, str]:
         lines.append(f"| {r['mode']} | {speed:.0f} | {spread} | {host} |"
                      f" {ratio_text(r.get('peak_gib'), 1, '.1f')} |"
                      f" {ratio_text(speed, fp32)} | {ratio_text(speed, tf32)} |"
-                     f" {ratio_text(speed, ref)} |")
+                     f" {ratio_text(speed, ref)} | {utilisation_cells(r)} |")
     amp = [r for r in rows if r["amp"] != "off" and r.get("img_s") and not r["loader"]
            and r["accumulation"] == 1]
     best = max(amp, key=lambda r: r["img_s"], default=None)
     cell = f"{model}: " + (f"best AMP {best['mode']} {ratio_text(best['img_s'], fp32)} fp32, "
                            f"{ratio_text(best['img_s'], tf32)} TF32" if best else "no AMP number")
     return "\n".join(lines), cell
+
+
+def utilisation_cells(r: dict) -> str:
+    """Achieved TFLOPS, MFU against the peak measured on this GPU in the row's precision
+    (TFLOPS beside it), and against the data sheet's dense figure where the GPU is listed."""
+    if r.get("tflops") is None:
+        return "– | – | –"
+    vendor = (f"{r['mfu_vendor']:.2f} of {r['vendor_tflops']:g}" if r.get("mfu_vendor")
+              else "not listed")
+    return f"{r['tflops']:.3g} | {r['mfu']:.2f} of {r['peak_tflops']:.3g} | {vendor}"
 
 
 def ratio_text(a, b, fmt: str = ".2f") -> str:
