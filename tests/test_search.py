@@ -555,6 +555,11 @@ def test_best_prints_the_best_complete_trial_and_how_to_reproduce_it(study5, cap
     assert f"mlflow run: {best.info.run_id}" in out
     assert f"accel reproduce {best.info.run_id} --tracking-uri {stores.uri}" in out
     assert f"best trial: {best.data.tags['optuna.trial_number']}" in out
+    # Where the best run's last epoch went, and its MFU against the peak measured here.
+    m = best.data.metrics
+    said = next(line for line in out.splitlines() if line.startswith("last epoch's time: "))
+    assert f"compute {100 * m['time_compute_s'] / m['epoch_wall_s']:.0f}%" in said
+    assert f"MFU {m['mfu']:.3g} ({m['achieved_tflops']:.3g} of " in said
 
 
 def test_rerun_with_another_direction_or_space_is_refused(study5, capsys):

@@ -13,7 +13,7 @@ import torch
 
 from accel import ranks
 from accel.errors import NonFiniteLoss
-from accel.timing import PARTS
+from accel.timing import split_said
 
 if TYPE_CHECKING:
     import optuna
@@ -131,10 +131,8 @@ def epoch_line(run: Run, state, split: dict[str, float]) -> str:
 
 def split_line(split: dict[str, float]) -> str:
     """`time data 3% copy 0% compute 81% eval 12% record 3% other 1% mfu 0.52`."""
-    wall = split["epoch_wall_s"] or 1.0
-    shares = " ".join(f"{p} {100 * split[f'time_{p}_s'] / wall:.0f}%" for p in PARTS)
     mfu = f" mfu {split['mfu']:.3g}" if "mfu" in split else ""
-    return f"time {shares}{mfu}"
+    return f"time {split_said(split)}{mfu}"
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -15,7 +15,7 @@ from accel.tracking import Tracker, tracker_for
 from accel.tracking.store import browse_hint
 from accel.tune import chance, pareto
 from accel.tune import study_record as record
-from accel.tune.best_view import best_lines, print_front
+from accel.tune.best_view import best_lines, print_front, speed_line
 from accel.tune.nodes import finish_abandoned_parent
 from accel.tune.storage import default_storage, is_journal, open_storage
 from accel.tune.study import ATTR_DEFINITION, ATTR_TRACKING, check_study_name
@@ -108,7 +108,7 @@ def cli_best(args: argparse.Namespace) -> int:
                  f"reproduce: {command}"]
     else:
         lines = best_lines(name, states, counts, best, metric, _value(study, best, metric),
-                           run_id, uri, command) + [browse]
+                           run_id, uri, command) + [_speed(tracker, run_id), browse]
         if verification is not None:
             lines += record.verified_lines(tracker, verification)
     print("\n".join(line for line in lines if line))
@@ -193,3 +193,11 @@ def _reproduce_command(tracker: Tracker, name: str,
         return f"{program()} reproduce {run_id}{flag}", run_id
 
     return command
+
+
+def _speed(tracker: Tracker, run_id: str | None) -> str | None:
+    """The best run's time split and MFU, where its run can be read."""
+    try:
+        return speed_line(tracker.client.get_run(run_id)) if run_id else None
+    except Exception:  # a deleted run, a store gone meanwhile: the rest of the answer stands
+        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from accel.console import program
+from accel.timing import split_said
 from accel.tune import pareto
 from accel.uris import redact
 
@@ -32,6 +33,20 @@ def best_lines(name, states, counts, best, metric, value, run_id, uri, command) 
     lines += [f"mlflow run: {run_id} (experiment {name}, {redact(uri)})",
               f"reproduce: {command}"]
     return lines
+
+
+def speed_line(run) -> str | None:
+    """The best run's last epoch: where its time went and its MFU against the peak measured
+    where it trained (accel.timing), or None for a run logged without them."""
+    metrics, params = run.data.metrics, run.data.params
+    said = split_said(metrics)
+    if not said:
+        return None
+    if "mfu" in metrics:
+        said += (f"; MFU {metrics['mfu']:.3g} ({metrics['achieved_tflops']:.3g} of "
+                 f"{float(params['resolved.peak_tflops']):.3g} TFLOPS, peak "
+                 f"{params.get('resolved.peak_how', 'measured')})")
+    return f"last epoch's time: {said}"
 
 
 def _show(value: Any) -> str:
