@@ -26,7 +26,7 @@ from accel.train.amp_probe import read_cache, write_cache
 CACHE = "peak_probe.json"
 ENV = "ACCEL_PEAK_TFLOPS"
 WARMUP, REPEATS = 2, 5
-SECONDS = 1.0  # per op, at most (the first call is always timed)
+SECONDS = {"cuda": 1.0, "cpu": 0.25}  # per op, at most (the first call is always timed)
 # Dense TFLOPS per GPU from the vendors' data sheets: (bf16/fp16, TF32, fp32). Matched in this
 # order against torch.cuda.get_device_name (an H100 that is not PCIe is taken for SXM).
 VENDOR = (("H200", (989.4, 494.7, 66.9)), ("H100 PCIe", (756.0, 378.0, 51.2)),
@@ -50,23 +50,39 @@ class Peak:
 
 
 def peak(device: torch.device, dtype: torch.dtype | None, conv: tuple | None,
-         channels_last: bool = False) -> Peak:
+         channels_last: bool = False, *, again: bool = False) -> Peak:
     """The peak for a run on `device` in `dtype` (None: fp32), from ACCEL_PEAK_TFLOPS, the cache
-    or the probe. `conv`: accel.flops.Count.heaviest_conv."""
+    or the probe. `conv`: accel.flops.Count.heaviest_conv. `again`: probe even where the cache
+    has an answer (a run went faster than it), and keep the higher of the two: a busy machine
+    can only make a probe read low."""
     vendor = vendor_tflops(device, dtype)
     if os.environ.get(ENV):
         return Peak(_from_env(), ENV, vendor_tflops=vendor)
     key = cache_key(device, dtype, conv, channels_last)
     cached = read_cache(CACHE).get(key)
-    if isinstance(cached, dict) and cached.get("tflops"):
+    cached = cached if isinstance(cached, dict) and cached.get("tflops") else None
+    if cached and not again:
         return Peak(cached["tflops"], "cached", cached.get("matmul_tflops"),
                     cached.get("conv_tflops"), vendor)
-    matmul = _rate(*_matmul(device, dtype))
-    conv_rate = _rate(*_conv(device, dtype, conv, channels_last)) if conv else None
-    found = Peak(max(matmul, conv_rate or 0.0), "measured", matmul, conv_rate, vendor)
-    write_cache(key, {"tflops": found.tflops, "matmul_tflops": matmul,
-                      "conv_tflops": conv_rate}, CACHE)
+    found = _probe(device, dtype, conv, channels_last, vendor)
+    if cached and cached["tflops"] > found.tflops:
+        found = Peak(cached["tflops"], "cached", cached.get("matmul_tflops"),
+                     cached.get("conv_tflops"), vendor)
+    write_cache(key, {"tflops": found.tflops, "matmul_tflops": found.matmul_tflops,
+                      "conv_tflops": found.conv_tflops}, CACHE)
     return found
+
+
+def _probe(device: torch.device, dtype: torch.dtype | None, conv: tuple | None,
+           channels_last: bool, vendor: float | None) -> Peak:
+    """The fastest of the probes. A CPU is probed in fp32 too: one without bf16 or fp16
+    instructions runs those precisions through fp32 arithmetic (oneDNN converts), so its fp32
+    rate is the ceiling a step in them can reach."""
+    dtypes = [dtype] if device.type == "cuda" or dtype is None else [dtype, None]
+    matmul = max(_rate(*_matmul(device, d)) for d in dtypes)
+    conv_rate = max(_rate(*_conv(device, d, conv, channels_last)) for d in dtypes) \
+        if conv else None
+    return Peak(max(matmul, conv_rate or 0.0), "measured", matmul, conv_rate, vendor)
 
 
 def _from_env() -> float:
@@ -101,7 +117,8 @@ def cache_key(device: torch.device, dtype: torch.dtype | None, conv: tuple | Non
 
 
 def _matmul(device: torch.device, dtype: torch.dtype | None):
-    n = 8192 if device.type == "cuda" else 512
+    n = 8192 if device.type == "cuda" else 1024 if dtype is None else 512  # an emulated
+    # precision on a CPU: within seconds
     g = torch.Generator(device=device).manual_seed(0)
     a, b = (torch.randn(n, n, generator=g, device=device, dtype=dtype or torch.float32)
             for _ in range(2))
@@ -113,14 +130,24 @@ def _conv(device: torch.device, dtype: torch.dtype | None, conv: tuple, channels
     layer = torch.nn.Conv2d(c_in, c_out, kernel, stride, padding, groups=groups, bias=False)
     layer = layer.to(device, dtype or torch.float32)
     one = torch.zeros(1, c_in, h, w, device=device, dtype=dtype or torch.float32)
-    per_image = 2.0 * layer(one).numel() * c_in // groups * math.prod(kernel)
-    target = 2e12 if device.type == "cuda" else 1e9  # a few milliseconds of work per repeat
+    with torch.no_grad():
+        out_shape = layer(one).shape[1:]
+    per_image = 2.0 * math.prod(out_shape) * c_in // groups * math.prod(kernel)
+    # a few milliseconds of work per repeat (an emulated precision on a CPU: a tenth of a second)
+    target = 2e12 if device.type == "cuda" else 1e9 if dtype is None else 2.5e8
     batch = max(1, min(4096, int(target // per_image)))
     x = torch.randn(batch, c_in, h, w, device=device, dtype=dtype or torch.float32)
     if channels_last:
         layer, x = layer.to(memory_format=torch.channels_last), x.to(
             memory_format=torch.channels_last)
-    return (lambda: layer(x)), per_image * batch, device
+    x.requires_grad_(True)
+    grad = torch.ones(batch, *out_shape, device=device, dtype=x.dtype)
+
+    def forward_backward():  # as a training step runs it: input and weight gradients
+        with torch.enable_grad():
+            layer(x).backward(grad)
+
+    return forward_backward, 3 * per_image * batch, device
 
 
 @torch.no_grad()
@@ -130,7 +157,8 @@ def _rate(fn, flops: float, device: torch.device) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
     times: list[float] = []
     begun = time.perf_counter()
-    while len(times) < WARMUP + REPEATS and (not times or time.perf_counter() - begun < SECONDS):
+    limit = SECONDS.get(device.type, 1.0)
+    while len(times) < WARMUP + REPEATS and (not times or time.perf_counter() - begun < limit):
         sync(device)
         started = time.perf_counter()
         fn()
