@@ -7,7 +7,6 @@ from __future__ import annotations
 import html as html_text
 import re
 import subprocess
-import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -295,15 +294,13 @@ def fake_study(folder: Path, n: int) -> tuple[str, str]:
     return str(journal), store
 
 
-def test_a_50_trial_study_report_takes_under_10_s_and_10_mb(tmp_path):
+def test_a_50_trial_study_report_holds_every_trial_within_10_mb(tmp_path):
+    """Its time is a benchmark's (bench/report_time.py), not an assertion here."""
     journal, store = fake_study(tmp_path, 50)
-    began = time.perf_counter()
     proc = run_cli("report", "--study", "q50", "--storage", journal, "--tracking-uri", store)
-    took = time.perf_counter() - began
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = Path(re.search(r"^report: (.+)$", proc.stdout, re.M).group(1))
     size = page.stat().st_size + page.with_suffix(".md").stat().st_size
-    assert took < 10, f"accel report took {took:.1f} s (whole command, a fresh process)"
     assert size < 10e6, f"{size / 1e6:.1f} MB"
     rows = Cells(section(page.read_text(), "parallel")).tables[0]
     assert len(rows) == 1 + 50  # every trial in the figure's table
