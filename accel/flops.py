@@ -30,6 +30,10 @@ def count_training_flops(model: torch.nn.Module, image_shape: tuple[int, ...]) -
     from torch.utils.flop_counter import FlopCounterMode
 
     meta = copy.deepcopy(model).to("meta").train()
+    for module in meta.modules():  # the copy runs no hook of the model's (a user's, a spy's)
+        for hooks in (module._forward_hooks, module._forward_pre_hooks,
+                      module._backward_hooks, module._backward_pre_hooks):
+            hooks.clear()
     convs: dict[str, tuple] = {}  # name: (forward FLOPs, shape)
     hooks = [m.register_forward_hook(_shape_of(name, convs))
              for name, m in meta.named_modules() if isinstance(m, torch.nn.Conv2d)]

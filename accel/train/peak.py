@@ -41,11 +41,13 @@ class Peak:
     conv_tflops: float | None = None
     vendor_tflops: float | None = None  # the data sheet's figure, where the device is listed
 
-    def params(self) -> dict[str, str | float]:
-        out = {"resolved.peak_tflops": self.tflops, "resolved.peak_how": self.how}
+    def metrics(self) -> dict[str, float]:
+        """Logged as metrics (step 0), not params: a measurement differs between a run and its
+        rerun, whose params are the run's."""
+        out = {"peak_tflops": self.tflops}
         for name in ("matmul_tflops", "conv_tflops", "vendor_tflops"):
             if getattr(self, name) is not None:
-                out[f"resolved.peak_{name}"] = getattr(self, name)
+                out[f"peak_{name}"] = getattr(self, name)
         return out
 
 

@@ -196,14 +196,19 @@ def _log_recipe(log: RunLog, run: Run) -> None:
         if run.amp.metrics():
             retry_locked(tracker.log_metrics, log.run_id, run.amp.metrics(), step=0)
     retry_locked(log_splits, tracker.client, log.run_id, data_records(cfg, run.data))
+    _log_peak(log, run)
 
 
 def _speed_params(run: Run) -> dict:
-    """FLOPs of one training image and the peak its MFU is measured against (accel.flops,
-    accel.train.peak)."""
-    if run.flops is None or run.peak is None:
-        return {}
-    return {"resolved.flops_per_image": run.flops.per_image, **run.peak.params()}
+    """FLOPs of one training image (accel.flops): the model's and the input's, so a rerun's."""
+    return {} if run.flops is None else {"resolved.flops_per_image": run.flops.per_image}
+
+
+def _log_peak(log: RunLog, run: Run) -> None:
+    """The peak MFU is measured against, and how it was found (accel.train.peak)."""
+    if run.peak is not None:
+        retry_locked(log.tracker.set_tags, log.run_id, {"accel.peak": run.peak.how})
+        retry_locked(log.tracker.log_metrics, log.run_id, run.peak.metrics(), step=0)
 
 
 def data_records(cfg, data) -> list[dict]:

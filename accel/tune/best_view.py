@@ -38,14 +38,14 @@ def best_lines(name, states, counts, best, metric, value, run_id, uri, command) 
 def speed_line(run) -> str | None:
     """The best run's last epoch: where its time went and its MFU against the peak measured
     where it trained (accel.timing), or None for a run logged without them."""
-    metrics, params = run.data.metrics, run.data.params
+    metrics = run.data.metrics
     said = split_said(metrics)
     if not said:
         return None
-    if "mfu" in metrics:
+    if "mfu" in metrics and "peak_tflops" in metrics:
         said += (f"; MFU {metrics['mfu']:.3g} ({metrics['achieved_tflops']:.3g} of "
-                 f"{float(params['resolved.peak_tflops']):.3g} TFLOPS, peak "
-                 f"{params.get('resolved.peak_how', 'measured')})")
+                 f"{metrics['peak_tflops']:.3g} TFLOPS, peak "
+                 f"{run.data.tags.get('accel.peak', 'measured')})")
     return f"last epoch's time: {said}"
 
 
