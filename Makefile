@@ -1,4 +1,5 @@
-# `make run`: the quickstart; `make test`: lint + tests. Each creates .venv and installs if needed.
+# `make run`: the quickstart; `make test`: lint + tests (`make test-all`: every test, as CI
+# runs them). Each creates .venv and installs if needed.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.installed
 # reachable; torch and torchvision come from it, then the rest from PyPI.
 TORCH_INDEX ?=
 
-.PHONY: run test test-fast lint bench gpu-wheels gpu-check docker-check slurm-check clean
+.PHONY: run test test-all lint bench gpu-wheels gpu-check docker-check slurm-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,14 +28,16 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# Fast CPU tests plus the `slow` ones on real CIFAR-10 (../shared/data); `gpu` tests need a GPU.
-# Two pytest-xdist processes, a test file each at a time (a file's shared studies are made once),
-# one OpenMP thread each (tests/conftest.py). `test-fast`: the same without the `slow` tests.
+# `test`: every behaviour at least once, under ten minutes on 2 cores: the tests not marked
+# `slow`. `test-all` (what CI runs, .ci/run): every test but the `gpu` ones, the `slow` ones too
+# (real CIFAR-10 in ../shared/data, and the costlier variants of what `test` covers). Two
+# pytest-xdist processes, a test file each at a time (a file's shared studies are made once), one
+# OpenMP thread each (tests/conftest.py).
 test: lint
-	$(BIN)/pytest -m "not gpu" -n 2 --dist loadfile
+	$(BIN)/pytest -m "not slow and not gpu" -n 2 --dist loadfile
 
-test-fast: lint
-	$(BIN)/pytest -n 2 --dist loadfile
+test-all: lint
+	$(BIN)/pytest -m "not gpu" -n 2 --dist loadfile
 
 bench: $(STAMP)
 	for b in engine_overhead amp_cpu tracking_overhead cli_startup; do $(BIN)/python bench/$$b.py; done

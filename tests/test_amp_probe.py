@@ -154,6 +154,9 @@ def test_auto_on_cuda_is_bf16_where_supported_else_fp16_with_the_scaler():
     assert (decision.dtype, decision.how) == (expected, "cuda")
 
 
+# make test covers it: the chosen precision kept by a rerun:
+# test_auto_trains_in_what_the_probe_found_faster_and_reproduce_keeps_it
+@pytest.mark.slow
 def test_resume_trains_in_the_precision_the_run_chose(tmp_path, cache_dir):
     """Across processes: the run never stopped, and the same run stopped after epoch 1, both
     trained in what the probe chose (the second from the cache); the cache then says the other

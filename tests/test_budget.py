@@ -115,6 +115,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow  # also covered by make test: the plan's revision: this file's other budget tests
 def test_a_slower_machine_runs_fewer_updates_in_the_same_budget(budgeted, tmp_path):
     """One OpenMP thread and two, and the fixture's run with every update made slower: each
     ends on time with its schedule at its end. The slowed run trains fewer updates than the

@@ -54,7 +54,9 @@ def trained(overrides: list[str], store: str, monkeypatch) -> tuple[object, torc
     return result, parts[-1].bare
 
 
-@pytest.mark.parametrize(("accumulation", "on_device"), [(1, False), (2, False), (2, True)],
+@pytest.mark.parametrize(("accumulation", "on_device"),
+                         [(1, False), pytest.param(2, False, marks=pytest.mark.slow),
+                          pytest.param(2, True, marks=pytest.mark.slow)],
                          ids=["loader", "loader-accumulated", "resident-accumulated"])
 def test_two_ranks_at_b_train_the_weights_one_process_trains_at_2b(accumulation, on_device,
                                                                     tmp_path, monkeypatch):
@@ -124,6 +126,9 @@ def test_a_killed_rank_ends_the_run_failed_naming_it(tmp_path):
     assert not psutil.pid_exists(follower.pid) or follower.status() == psutil.STATUS_ZOMBIE
 
 
+# make test covers it: a stop and resume across ranks: one rank's in tests/test_resume.py, ranks in
+# this file's others
+@pytest.mark.slow
 def test_a_two_rank_run_stopped_by_sigterm_resumes_exactly(tmp_path):
     """Processes as users run them: a two-rank run never interrupted; the same run with SIGTERM
     to rank 0 after epoch 1 (inside a pass over the data), which ends its follower too and
@@ -219,6 +224,8 @@ def test_rank_zeros_pruning_ends_every_rank(tmp_path, monkeypatch):
                 if "spawn_main" in " ".join(p.cmdline())], "a follower was left running"
 
 
+# make test covers it: resume in tests/test_resume.py, ranks in this file's other tests
+@pytest.mark.slow
 def test_a_resumed_two_rank_run_whose_best_epoch_came_before_scores_it_on_every_rank(tmp_path):
     """The best epoch (the lowest val_accuracy here) ran before the stop: after `accel resume`
     only rank 0 can read its best.pt from the store, and every rank must score the same weights

@@ -135,6 +135,8 @@ def test_a_stopped_study_says_how_many_trials_are_left_and_the_command_that_runs
 
 
 
+# make test covers it: the order of a study's lines: notices are tested in this file's others
+@pytest.mark.slow
 def test_a_notice_during_a_study_comes_after_the_trial_lines_not_between_them(tmp_path):
     """An epoch of a few updates (digits at train.batch_size=256, 5 updates, fewer where a trial
     accumulates) gets its notice once, after the study's trial lines."""

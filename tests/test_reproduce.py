@@ -309,6 +309,8 @@ def test_best_trial_of_a_study_reproduces_as_printed(original, tmp_path, capsys)
         assert rerun.data.metrics[name] == best.data.metrics[name], name
 
 
+# make test covers it: reproducing a trial: test_best_trial_of_a_study_reproduces_as_printed
+@pytest.mark.slow
 def test_a_multi_objective_trial_is_held_to_the_studys_objectives(original, tmp_path):
     """The trial's values are what the study scored: each objective is compared (validation
     metrics at the best epoch, exactly on one CPU stack; costs shown, not held to the

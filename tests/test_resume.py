@@ -124,7 +124,7 @@ def reference(tmp_path_factory):
     return store, only_run(store), tmp
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one(k, reference, tmp_path):
     """Three processes, as users run them: the reference, a run stopped by SIGTERM after epoch
     k (1: inside a pass over the data; 2: at its end), `accel resume` of that run."""
@@ -234,7 +234,8 @@ def test_an_interrupted_write_leaves_the_file_it_replaces_whole(tmp_path, monkey
     assert checkpoint.load(path)["epoch"] == 1
 
 
-@pytest.mark.parametrize("damage", [b"epoch 2 weights, in words\n", os.urandom(4096)],
+@pytest.mark.parametrize("damage", [pytest.param(b"epoch 2 weights, in words\n",
+                                                 marks=pytest.mark.slow), os.urandom(4096)],
                          ids=["text", "random-bytes"])
 def test_a_damaged_slot_is_skipped_and_the_other_one_resumed(damage, reference, tmp_path):
     """A slot holding something other than a checkpoint (a text file, random bytes): the resume
@@ -315,7 +316,8 @@ def wait_for_epoch(store: str, epoch: int, timeout_s: float = 120) -> str:
 
 
 @pytest.mark.parametrize("storage_kind,sig", [("journal", signal.SIGKILL),
-                                              ("sqlite", signal.SIGKILL),
+                                              pytest.param("sqlite", signal.SIGKILL,
+                                                           marks=pytest.mark.slow),
                                               ("journal", signal.SIGTERM)])
 def test_a_retried_trial_carries_on_from_the_dead_trials_checkpoint(storage_kind, sig, tmp_path):
     """A worker killed with SIGKILL mid-trial: the next `accel tune` fails the trial (journal:

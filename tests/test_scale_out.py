@@ -285,6 +285,8 @@ def finished(proc: subprocess.Popen, timeout: float = 600) -> int:
     return code
 
 
+# make test covers it: two invocations on one study: test_search's worker and PostgreSQL tests
+@pytest.mark.slow
 def test_two_nodes_on_one_study_through_the_tracking_server(stack, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 

@@ -661,6 +661,8 @@ def test_two_workers_share_six_trials_exactly_once(tmp_path):
     assert not [r for r in runs if r.info.status == "RUNNING"]
 
 
+# make test covers it: a larger run of what test_two_workers_share_six_trials_exactly_once checks
+@pytest.mark.slow
 def test_four_workers_forty_trials_on_one_sqlite_store_and_one_journal(tmp_path):
     """Contention: 4 processes write one SQLite MLflow store and one journal file at once. No
     trial is lost or run twice, every trial has exactly one run, and no "database is locked"

@@ -88,6 +88,9 @@ def everything_optuna_holds(storage: str) -> list[str]:
     return kept
 
 
+# make test covers it: every path at once; the store's and the server's passwords also in
+# test_search and test_scale_out
+@pytest.mark.slow
 def test_a_planted_password_is_never_shown_or_kept(tmp_path, postgres_databases):
     uri = f"postgresql://postgres:{PASSWORD}@127.0.0.1:5432/{postgres_databases()}"
     # The storage's password as a query parameter, as libpq also takes it.

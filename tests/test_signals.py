@@ -91,7 +91,7 @@ def test_sigterm_ends_a_train_run_killed(tmp_path):
     assert run.data.metrics["val_loss"] > 0  # the finished epochs stay logged
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("workers", ["1", pytest.param("2", marks=pytest.mark.slow)])
 def test_sigterm_ends_a_study_cleanly_and_the_rerun_resumes(tmp_path, workers):
     store, journal = new_store(tmp_path), str(tmp_path / "optuna.journal")
     tune = ["tune", *LONG, "--study", "term", "--storage", journal, "--tracking-uri", store]

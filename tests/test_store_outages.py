@@ -174,6 +174,9 @@ def test_postgres_restarted_under_a_worker_costs_no_traceback_and_no_trial(tmp_p
     assert all(len(r) == 1 and r[0].info.status != "RUNNING" for r in runs.values())
 
 
+# make test covers it: an outage waited for:
+# test_a_tracking_server_away_for_10_s_mid_trial_is_waited_for_and_checkpoints_are_dropped
+@pytest.mark.slow
 def test_a_tracking_server_away_past_the_window_ends_the_invocation_and_loses_nothing(
         tmp_path):
     """The server stopped inside a trial and not back within $ACCEL_OUTAGE_S: the invocation

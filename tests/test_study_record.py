@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT, new_store, run_cli
@@ -116,6 +117,9 @@ def test_a_retried_two_objective_trial_carries_on_and_completes(tmp_path):
 # --- 6: each trial's own peak memory --------------------------------------------------------
 
 
+# make test covers it: a run's own peak:
+# tests/test_ablation.py::test_each_run_reports_its_own_peak_memory_not_the_process_one
+@pytest.mark.slow
 def test_a_small_trial_after_a_big_one_reports_its_own_peak_memory(tmp_path):
     """Two trials in one process, the big batch first, against the small one alone in its own
     process: on CPU the peak is the resident high-water mark, which must start again with every

@@ -130,7 +130,9 @@ def _being_set_up(journal: str, name: str) -> bool:
     return "accel.created_by" in attrs and "accel.definition" not in attrs
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM,
+                                 pytest.param(signal.SIGKILL, marks=pytest.mark.slow)],
+                         ids=["sigterm", "sigkill"])
 def test_a_stop_during_study_set_up_leaves_a_whole_study_and_the_rerun_runs_the_baseline(
         tmp_path, sig):
     """Stopped (SIGTERM: set-up completes, then the stop; nothing RUNNING) or killed (SIGKILL:

@@ -206,6 +206,8 @@ TWO_OBJECTIVES = STUDY_YAML.replace("name: vstudy", "name: vfront").replace(
     "    - {train.lr: 0.01}\n    - {train.lr: 0.002}\n")
 
 
+# make test covers it: verify's intervals: this file's single-objective tests
+@pytest.mark.slow
 def test_a_front_gets_an_interval_per_objective_and_its_chance_to_stay_non_dominated(tmp_path):
     from scipy.stats import bootstrap
 

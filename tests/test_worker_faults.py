@@ -168,6 +168,9 @@ train.build = build
 """
 
 
+# make test covers it: a frozen worker:
+# test_a_worker_frozen_past_the_grace_leaves_its_trial_to_the_retry_and_serves_on
+@pytest.mark.slow
 def test_a_worker_frozen_before_its_trial_has_a_run_makes_no_second_run(tmp_path,
                                                                          postgres_url):
     """Frozen while it builds a trial's model (no run yet): the other worker fails the trial as
