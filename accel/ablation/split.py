@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from accel.ablation.plan import Combination
+from accel.ablation.record import RunRecord
 from accel.console import fmt
 from accel.timing import PARTS
 
-if TYPE_CHECKING:
-    from accel.ablation.report import Row
+
+class Row(Protocol):
+    """What this table reads of a row of the ablation (accel.ablation.report.Row)."""
+
+    combo: Combination
+
+    @property
+    def ok(self) -> list[RunRecord]: ...
 
 
 def part_s(row: Row, key: str) -> float:
