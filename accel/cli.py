@@ -68,7 +68,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         from accel.tune import slurm
 
         return slurm.cli_submit(args, cfg)
-    return tune.cli_tune(args, cfg)
+    from accel.report.write import after_study
+
+    return tune.cli_tune(args, cfg, page=after_study)
 
 
 def _nproc(args: argparse.Namespace) -> list[str]:
@@ -126,10 +128,11 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     overrides = [item for item in args.items if "=" in item]
     cfgs = [load_config([f, *overrides]) for f in files] or [load_config(overrides)]
     from accel import ablation  # after the configs are checked: torch loads here
+    from accel.report.write import after_ablation
 
     if len(cfgs) > 1:
-        return ablation.cli_grid(args, cfgs)
-    return ablation.cli_ablate(args, cfgs[0])
+        return ablation.cli_grid(args, cfgs, page=after_ablation)
+    return ablation.cli_ablate(args, cfgs[0], page=after_ablation)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from accel.ablation.plan import parse_techniques
 from accel.ablation.runs import run_ablation
 from accel.config import Config
 
+# Writes an ablation's page from its parent run (tracker, run id); the CLI passes accel.report's,
+# which sits above this package.
+AblationPage = Callable[[Any, str | None], None]
 
-def cli_ablate(args: argparse.Namespace, cfg: Config) -> int:
-    from accel.report.write import after_ablation
+
+def cli_ablate(args: argparse.Namespace, cfg: Config, page: AblationPage | None = None) -> int:
     from accel.tracking import Tracker
 
     techniques = parse_techniques(args.techniques)
@@ -26,7 +31,8 @@ def cli_ablate(args: argparse.Namespace, cfg: Config) -> int:
           f"{cfg.tracking.experiment or cfg.name}); {len(result.records)} runs, "
           f"{len(failed)} failed")
     print(where(tracker, result.parent_run_id, ("ablation.md", "speedup.png")))
-    after_ablation(tracker, result.parent_run_id)  # its page: the table, intervals, time split
+    if page is not None:  # its page: the table, intervals, time split
+        page(tracker, result.parent_run_id)
     if not result.baseline_ok:
         print("accel: error: the all-off baseline failed in every repeat; no speed-up to report",
               file=sys.stderr)
@@ -34,9 +40,9 @@ def cli_ablate(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
-def cli_grid(args: argparse.Namespace, cfgs: list[Config]) -> int:
+def cli_grid(args: argparse.Namespace, cfgs: list[Config], page: AblationPage | None = None
+             ) -> int:
     from accel.ablation.grid import run_grid
-    from accel.report.write import after_ablation
     from accel.tracking import Tracker
 
     techniques = parse_techniques(args.techniques)
@@ -50,8 +56,8 @@ def cli_grid(args: argparse.Namespace, cfgs: list[Config]) -> int:
     print(f"## the grid\n\n{grid.markdown()}")
     print(f"MLflow: grid run {grid.parent_run_id}, one ablation run per file under it")
     print(where(tracker, grid.parent_run_id, ("grid.md",)))
-    for ablation in grid.ablations:  # each file's page
-        after_ablation(tracker, ablation.parent_run_id)
+    for ablation in grid.ablations if page is not None else ():  # each file's page
+        page(tracker, ablation.parent_run_id)
     failed = [g for g, a in zip(grid.names, grid.ablations, strict=True) if not a.baseline_ok]
     if failed:
         print(f"accel: error: the all-off baseline failed in every repeat of "

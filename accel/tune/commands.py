@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from accel import signals
@@ -28,12 +29,15 @@ if TYPE_CHECKING:  # Optuna's types only: importing optuna here would slow every
     from optuna import Study
 
 WarmStart = tuple[list, list, str | None]  # (queued run values, copied trials, other study)
+StudyPage = Callable[["Study", Tracker, str], None]  # (study, tracker, storage): writes the page
 
 
-def cli_tune(args: argparse.Namespace, cfg: Config) -> int:
+def cli_tune(args: argparse.Namespace, cfg: Config, page: StudyPage | None = None) -> int:
     """`accel tune`: prepare the study and its parent run, run this node's trials, close what
     is left; the parent run is finished by the last node to end. A stop prints the command that
-    carries the study on: `args.command_line` (set by `accel.cli.main`) with its --n-trials."""
+    carries the study on: `args.command_line` (set by `accel.cli.main`) with its --n-trials.
+    `page` writes the study's page unless stopped (the CLI passes accel.report's, which sits
+    above this package)."""
     n_trials = args.n_trials if args.n_trials is not None else cfg.search.n_trials
     if n_trials < 0:
         raise ConfigError(f"--n-trials {n_trials}: must be >= 0 (0: create the study only)")
@@ -56,11 +60,8 @@ def cli_tune(args: argparse.Namespace, cfg: Config) -> int:
             _finish_parent(tracker, study, job, status)
         except Exception as e:  # the store is away: the next `accel tune` or `accel best` ends it
             warn(f"could not end the study's parent run {job.parent_run_id}: {one_line(e)}")
-    if status != "KILLED":  # writes the study's page (accel report) and says its path
-        # Imported here: accel.report.write imports accel.tune, whose __init__ imports this.
-        from accel.report.write import after_study
-
-        after_study(study, tracker, job.storage)
+    if page is not None and status != "KILLED":  # the study's page, and where it is
+        page(study, tracker, job.storage)
     progress(_study_summary(study, job, tracker))
     if status == "KILLED":
         again = _command_for_trials_left(study, job, tracker, n_trials,
