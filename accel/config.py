@@ -75,6 +75,9 @@ class ModelConfig:
     # every BatchNorm layer's momentum in PyTorch's sense (the weight of the new batch in the
     # running statistics: airbench's 0.6 "momentum" is 0.4 here); None = the model's own
     bn_momentum: float | None = None
+    # every BatchNorm layer's eps, added to the variance under its square root (airbench's
+    # 1e-12); None = the model's own (PyTorch's 1e-5)
+    bn_eps: float | None = None
     # airbench's whitened first layer: a fixed k x k patch convolution (k = this, 0 = off) from
     # the eigenvectors of the patches' covariance in the first `whiten_images` training images
     # (computed at build time, so a rerun rebuilds it); 2 C k^2 channels in front of the model

@@ -108,6 +108,7 @@ def check(cfg: Any) -> None:
     _require("train.nproc_per_node", t.nproc_per_node, t.nproc_per_node >= 1, "must be >= 1")
     _check_budget(t)
     _check_muon(t)
+    _check_parity(m, t)
     _require("train.epoch_length", t.epoch_length, t.epoch_length is None or t.epoch_length >= 1,
              "must be >= 1 or null")
     for key, value, choices in (
@@ -153,6 +154,12 @@ def _check_muon(t: Any) -> None:
     _require("train.muon_ns_steps", t.muon_ns_steps, t.muon_ns_steps >= 1, "must be >= 1")
     _choice("train.muon_rest", t.muon_rest, MUON_REST)
     _choice("train.muon_ns_dtype", t.muon_ns_dtype, MUON_NS_DTYPES)
+
+
+def _check_parity(m: Any, t: Any) -> None:
+    """The keys that set the fast recipe to airbench94's own arithmetic."""
+    _require("model.bn_eps", m.bn_eps, m.bn_eps is None or m.bn_eps > 0,
+             "must be > 0 or null (the model's own)")
 
 
 def _check_target(t: Any) -> None:

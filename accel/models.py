@@ -47,6 +47,8 @@ def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> 
     for norm in batch_norms(model):
         if cfg.model.bn_momentum is not None:
             norm.momentum = cfg.model.bn_momentum
+        if cfg.model.bn_eps is not None:
+            norm.eps = cfg.model.bn_eps
         if cfg.train.bn_weight_frozen and norm.weight is not None:
             norm.weight.requires_grad_(False)  # stays at its init (1): no optimizer sees it
     return model
