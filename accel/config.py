@@ -99,7 +99,7 @@ class TrainConfig:
     amp: str = "auto"
     optimizer: str = "adamw"
     lr: float = 1e-3
-    weight_decay: float = 0.05  # not applied to norms and biases
+    weight_decay: float = 0.05  # not applied to norms and biases (but see bn_bias_decay)
     momentum: float = 0.9  # sgd and nesterov only
     # optimizer=muon (accel.muon), after airbench94_muon: the body's convolution filters and
     # other weight matrices take Muon at muon_lr (the schedule scales it as it scales lr), with
@@ -125,6 +125,12 @@ class TrainConfig:
     # as for every norm and bias); frozen weights stay 1 (the scale is left to the next conv)
     bn_bias_lr_scale: float = 1.0
     bn_weight_frozen: bool = False
+    # the BatchNorm biases and the whitening bias decay as much per update as the weights do
+    # (airbench); False: they take no weight decay, as every norm and bias
+    bn_bias_decay: bool = False
+    # the whitening bias's learning rate is train.lr times this (airbench: 1); None: it trains
+    # with the BatchNorm biases, at bn_bias_lr_scale
+    whiten_bias_lr_scale: float | None = None
     # an exponential moving average of the weights (and BatchNorm statistics), updated after
     # every optimizer update with this decay (torch.optim.swa_utils): what is evaluated, kept as
     # the best epoch's weights and logged as the model; None = off

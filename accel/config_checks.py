@@ -160,6 +160,9 @@ def _check_parity(m: Any, t: Any) -> None:
     """The keys that set the fast recipe to airbench94's own arithmetic."""
     _require("model.bn_eps", m.bn_eps, m.bn_eps is None or m.bn_eps > 0,
              "must be > 0 or null (the model's own)")
+    _require("train.whiten_bias_lr_scale", t.whiten_bias_lr_scale,
+             t.whiten_bias_lr_scale is None or t.whiten_bias_lr_scale > 0,
+             "must be > 0 or null (train.bn_bias_lr_scale)")
 
 
 def _check_target(t: Any) -> None:

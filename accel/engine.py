@@ -18,6 +18,7 @@ from ignite.engine import Engine
 
 from accel.averaging import MovingAverage, moving_average  # noqa: F401 (the step's EMA)
 from accel.config import TrainConfig
+from accel.param_groups import param_groups
 from accel.schedule import (  # noqa: F401 (the schedule, where the step is built)
     Schedule,
     build_scheduler,
@@ -75,7 +76,9 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig, *,
                     fused: bool = False) -> torch.optim.Optimizer:
     """timm's factory: no weight decay on norm layers and biases (filter_bias_and_bn); with
     `train.bn_bias_lr_scale`, the BatchNorm biases in a group of their own at that multiple of
-    the learning rate (the schedule scales every group alike). Frozen parameters are left out.
+    the learning rate (the schedule scales every group alike), the whitening bias too, and with
+    train.whiten_bias_lr_scale or bn_bias_decay (accel.param_groups). Frozen parameters are
+    left out.
     `fused` (fp16): torch's fused kernels, which skip an update with inf/NaN gradients on the
     device, so GradScaler never reads its inf check on the host. `muon`: Muon for the body's
     matrices, `train.muon_rest` as built here for the rest (accel.muon)."""
@@ -90,28 +93,9 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig, *,
     if t.optimizer == "muon":
         from accel.muon import build_muon
 
-        return build_muon(model, _param_groups(model, t), make, t)
-    return make(model if t.bn_bias_lr_scale == 1 else _param_groups(model, t))
-
-
-def _param_groups(model: torch.nn.Module, t: TrainConfig) -> list[dict]:
-    """timm's two groups (decay: weights of two or more dimensions; no decay: norms, biases and
-    other vectors), with the BatchNorm biases (and a whitening layer's, model.whiten) moved to
-    a third at lr x bn_bias_lr_scale, as airbench does."""
-    from timm.optim import param_groups_weight_decay
-
-    from accel.models import batch_norms, whitening_layer
-
-    whitening = whitening_layer(getattr(model, "_orig_mod", model))  # compiled: the module
-    biases = [m.bias for m in batch_norms(model)] + ([whitening.bias] if whitening else [])
-    bn_biases = {id(b) for b in biases if b is not None and b.requires_grad}
-    groups = []
-    for group in param_groups_weight_decay(model, t.weight_decay):
-        rest = [p for p in group["params"] if id(p) not in bn_biases]
-        groups.append({**group, "params": rest})
-    bn = [p for p in model.parameters() if id(p) in bn_biases]
-    groups.append({"params": bn, "weight_decay": 0.0, "lr": t.lr * t.bn_bias_lr_scale})
-    return [g for g in groups if g["params"]]
+        return build_muon(model, param_groups(model, t), make, t)
+    plain = (t.bn_bias_lr_scale == 1 and not t.bn_bias_decay and t.whiten_bias_lr_scale is None)
+    return make(model if plain else param_groups(model, t))
 
 
 def build_scaler(amp_dtype: torch.dtype | None, device: torch.device):
