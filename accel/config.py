@@ -135,6 +135,11 @@ class TrainConfig:
     # every optimizer update with this decay (torch.optim.swa_utils): what is evaluated, kept as
     # the best epoch's weights and logged as the model; None = off
     ema_decay: float | None = None
+    # airbench's Lookahead: every lookahead_every updates the average of the weights (BatchNorm
+    # statistics too) moves toward them by 1 - decay^every x (update / total)^3 and is written
+    # back into them; the last update leaves the network on the average. None = off
+    lookahead_decay: float | None = None
+    lookahead_every: int = 5
     # model.whiten's bias trains this many epochs, then stays (None: throughout)
     whiten_bias_epochs: int | None = None
     seed: int = 0

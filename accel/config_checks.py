@@ -163,6 +163,15 @@ def _check_parity(m: Any, t: Any) -> None:
     _require("train.whiten_bias_lr_scale", t.whiten_bias_lr_scale,
              t.whiten_bias_lr_scale is None or t.whiten_bias_lr_scale > 0,
              "must be > 0 or null (train.bn_bias_lr_scale)")
+    _require("train.lookahead_decay", t.lookahead_decay,
+             t.lookahead_decay is None or 0 < t.lookahead_decay < 1,
+             "must be in (0, 1), or null for off")
+    _require("train.lookahead_every", t.lookahead_every, t.lookahead_every >= 1,
+             "must be >= 1 (updates between write-backs)")
+    if t.lookahead_decay is not None and t.ema_decay is not None:
+        raise ConfigError(f"train.lookahead_decay={t.lookahead_decay} and train.ema_decay="
+                          f"{t.ema_decay}: choose one (the Lookahead's average is written into "
+                          "the network, which is then what is scored); set the other to null")
 
 
 def _check_target(t: Any) -> None:

@@ -1,11 +1,12 @@
 """The last-epoch checkpoint: all a run needs to carry on after its last completed epoch.
 
-It holds the weights, the optimizer, scheduler and GradScaler states, the trainer's position and the
-train loader's (which shuffle, how far into it: accel.train.loader), the epochs' metrics and every
-random state (Python, NumPy, torch, CUDA), taken after the epoch's evaluation, the last thing an
-epoch does that draws randomness. Restored into a freshly built run, training goes on exactly as if
-it had never stopped (bitwise on CPU with `data.num_workers=0`; loader workers keep their own random
-streams, which restart).
+It holds the weights (and their moving average or Lookahead average), the optimizer, scheduler
+and GradScaler states, the trainer's position and the train loader's (which shuffle, how far
+into it: accel.train.loader), the epochs' metrics and every random state (Python, NumPy, torch,
+CUDA), taken after the epoch's evaluation, the last thing an epoch does that draws randomness.
+Restored into a freshly built run, training goes on exactly as if it had never stopped (bitwise
+on CPU with `data.num_workers=0`; loader workers keep their own random streams, which
+restart).
 
 In MLflow it lives in two artifact slots, `checkpoint/last-a.pt` (odd epochs) and
 `checkpoint/last-b.pt` (even epochs): a process killed while one slot is written leaves the other,
@@ -68,6 +69,7 @@ def capture(run: Run) -> dict[str, Any]:
         "epoch": trainer.state.epoch,
         "model": run.bare.state_dict(),
         "averaged": run.averaged.state_dict() if run.averaged is not None else None,
+        "lookahead": run.lookahead.state_dict() if run.lookahead is not None else None,
         "optimizer": step.optimizer.state_dict(),
         "scheduler": step.scheduler.state_dict() if step.scheduler is not None else None,
         "scaler": step.scaler.state_dict() if step.scaler is not None else None,
@@ -102,12 +104,15 @@ def restore(run: Run, state: dict[str, Any]) -> None:
         run.bare.load_state_dict(state["model"])
         if run.averaged is not None:
             run.averaged.load_state_dict(state["averaged"])
+        if run.lookahead is not None:
+            run.lookahead.load_state_dict(state["lookahead"])
         step.optimizer.load_state_dict(state["optimizer"])
         if step.scheduler is not None:
             step.scheduler.load_state_dict(state["scheduler"])
         if step.scaler is not None and state["scaler"] is not None:
             step.scaler.load_state_dict(state["scaler"])
-    # other shapes, layers, param groups; no moving average where the config has one
+    # other shapes, layers, param groups; no moving average or Lookahead where the config
+    # has one
     except (RuntimeError, KeyError, ValueError, AttributeError) as e:
         raise CheckpointMismatch("the checkpoint's model or optimizer does not fit this config: "
                                  f"{one_line(e)[:200]}") from None

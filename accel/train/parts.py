@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from accel import engine, models, ranks
+from accel.averaging import Lookahead
 from accel.config import Config, ConfigError
 from accel.console import note
 from accel.errors import one_line
@@ -63,6 +64,8 @@ def build(cfg: Config, replay: Replay | None = None) -> Run:
     schedule = Schedule(t, updates_per_epoch(epoch_length, t.accumulation_steps), revisions,
                         replay=bool(revisions))
     budget = Budget(schedule, device) if t.budget_s else None
+    lookahead = (Lookahead(bare, t.lookahead_decay, t.lookahead_every, schedule.total_at)
+                 if t.lookahead_decay else None)  # over the plan the schedule follows
     non_blocking = data.train.pin_memory  # async host-to-device copies need pinned batches
     step = engine.UpdateStep(
         _trained(model, cfg, device),  # several ranks: DistributedDataParallel
@@ -83,7 +86,7 @@ def build(cfg: Config, replay: Replay | None = None) -> Run:
     return Run(cfg, device, data, bare, step, engine.create_trainer(step), evaluator, amp,
                epoch_length, Batches(data.train, step.clock), budget=budget,
                held=_held_bias(t, bare, schedule if budget else None), averaged=averaged,
-               notes=notes, flops=count, peak=top)
+               lookahead=lookahead, notes=notes, flops=count, peak=top)
 
 
 def _speed(bare: torch.nn.Module, data, device: torch.device, amp_dtype: torch.dtype | None,

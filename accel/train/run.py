@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from accel import lease, ranks
-from accel.averaging import MovingAverage
+from accel.averaging import Lookahead, MovingAverage
 from accel.console import note
 from accel.engine import EpochStats, HeldParameter, UpdateStep
 from accel.timing import split_row
@@ -56,6 +56,7 @@ class Run:
     budget: Budget | None = None  # train.budget_s
     held: HeldParameter | None = None  # train.whiten_bias_epochs: the whitening bias
     averaged: MovingAverage | None = None  # train.ema_decay: the average of `bare`
+    lookahead: Lookahead | None = None  # train.lookahead_decay: written back into `bare`
     history: list[dict[str, float]] = field(default_factory=list)  # one row per epoch
     best_state: dict[str, torch.Tensor] | None = None  # the best epoch's weights, this process
     rank_random_states: list[dict] | None = None  # every rank's, at the last epoch's end
@@ -77,7 +78,8 @@ class Run:
     @property
     def scored(self) -> torch.nn.Module:
         """The weights that are evaluated, kept as the best and logged: the moving average of
-        `bare` with train.ema_decay, else `bare` itself."""
+        `bare` with train.ema_decay, else `bare` itself (with train.lookahead_decay it holds
+        the Lookahead's average)."""
         return self.averaged.module if self.averaged is not None else self.bare
 
     def attach(self, trial: optuna.Trial | None = None) -> None:
@@ -103,6 +105,7 @@ class Run:
         self.keep_to_budget()  # may end the plan, and the epoch, at this update
         self.hold_bias()  # the whitening bias, once held, put back after every update
         self.average(skipped)  # the moving average sees the weights the next update starts from
+        self.look_ahead()  # the Lookahead's average, written back into the weights
 
     def start_epoch(self, _: Engine) -> None:
         """At every epoch's start."""
@@ -149,6 +152,15 @@ class Run:
     def average(self, skipped: torch.Tensor | None) -> None:
         if self.averaged is not None:
             self.averaged.update_parameters(self.bare, skipped)
+
+    def look_ahead(self) -> None:
+        """train.lookahead_decay: every few updates the average moves toward the weights and is
+        written into them. A whitening bias held by then holds what it was given: airbench's
+        frozen bias takes the average too, and stays there until the next write-back."""
+        if self.lookahead is None or not self.lookahead.after_update(self.step.updates):
+            return
+        if self.held is not None and self.held.value is not None:
+            self.held.hold()
 
     # --- at an epoch's start ------------------------------------------------------------------
 
