@@ -121,12 +121,21 @@ def hyperparameters() -> dict:
 # times 1024: 11.5 / (1 + 1 / 0.15) = 1.5. airbench's decay is 0.0153 x 1024 / 7851 = 0.0019957
 # of each weight per update at the peak lr; torch's SGD decays lr x weight_decay, so
 # weight_decay = 0.0019957 / 1.5. Its triangle peaks at 23% of the updates from 0.2 to 0.07.
+# Its BatchNorm biases train at 64 x lr, its whitening bias (held after 3 epochs) at 1 x lr,
+# and both decay by the same 0.0019957 of themselves per update as the weights (accel's bias
+# groups: weight_decay / 64 and / 1, accel.param_groups.bias_decay). Its Lookahead writes its
+# average back every 5 updates with decay 0.95^5 (t / T)^3 and ends on it (what is scored: the
+# network, no separate moving average); its BatchNorms have eps 1e-12, momentum 0.6 (0.4 in
+# PyTorch's sense), and its logits are scaled by 1/9.
 AIRBENCH_OVERRIDES = ("train.batch_size=1024", "train.epochs=10", "train.lr=1.5",
                       "train.momentum=0.85", "train.weight_decay=1.3305e-3",
                       "train.warmup_epochs=2.3", "train.lr_start=0.2", "train.lr_end=0.07",
                       "train.label_smoothing=0.2", "train.bn_bias_lr_scale=64",
-                      "train.whiten_bias_epochs=3", "model.bn_momentum=0.4",
-                      "model.head_scale=0.1111")
+                      "train.whiten_bias_lr_scale=1", "train.bn_bias_decay=true",
+                      "train.whiten_bias_epochs=3", "train.ema_decay=null",
+                      "train.lookahead_decay=0.95", "train.lookahead_every=5",
+                      "model.bn_momentum=0.4", "model.bn_eps=1e-12",
+                      "model.head_scale=0.1111111111111111")
 
 
 def accel_overrides() -> list[str]:
@@ -142,13 +151,15 @@ def accel_overrides() -> list[str]:
 # accel's: printed with peer_airbench.py's table.
 DIFFERENCES = (
     "epochs: accel trains whole epochs, 10 (480 updates); airbench 9.9 (476)",
-    "averaging: accel evaluates a moving average of the weights (decay 0.98 per update, never "
-    "written back); airbench's Lookahead writes its average back into the network every 5 "
-    "updates, with a decay growing as 0.95^5 (t/T)^3, and ends on the average",
-    "weight decay: accel decays no norm or bias; airbench decays its BatchNorm biases (at the "
-    "same absolute rate as the weights) and its whitening bias",
-    "whitening bias: accel trains it at 64x the lr with the BatchNorm biases; airbench at 1x",
-    "BatchNorm eps: accel's layers keep PyTorch's 1e-5; airbench's are 1e-12",
-    "precision: airbench's network is fp16 (weights too) on a GPU; on the CPU both sides run "
-    "fp32 (or bf16 autocast with fp32 weights)",
+    "schedule: accel's warm-up multiplier for update u (from 0) is 0.2 + 0.8 (u + 1) / 110 (23% "
+    "of 480 updates), at the peak for updates 109 and 110; airbench's triangle is 0.2 + 0.8 u / "
+    "109 (23% of 476), one update behind, at the peak for update 109 alone",
+    "whitening bias init: accel's starts at PyTorch's default for a convolution, uniform in "
+    "+-1/sqrt(12) (+-0.29); airbench's Conv zeroes its bias",
+    "Lookahead start: airbench's average is taken before its whitening layer is fitted, so its "
+    "first write-back (update 5, decay 9e-7) keeps 9e-7 of the unfitted whitening weights (below "
+    "fp16's resolution on a GPU); accel's average starts from the fitted layer",
+    "precision: airbench's network is fp16 (weights too) on a GPU and fits its whitening in "
+    "fp32; accel fits it in fp64; on the CPU both sides train in fp32 (or bf16 autocast with "
+    "fp32 weights)",
 )

@@ -2,7 +2,8 @@
 `airbench==0.1.8`, moved to the CPU by checks/gpu/peer.py: fp32, or bf16 autocast where its fp16
 cannot run) against accel's fast recipe set to airbench's hyperparameters
 (`checks.gpu.peer.AIRBENCH_OVERRIDES`: batch 1024, lr, momentum, decay, triangle, label
-smoothing, BatchNorm, whitening bias held after 3 epochs), on the same JPEG CIFAR-10 (all 50,000
+smoothing, BatchNorm, whitening bias held after 3 epochs, the Lookahead written back, decayed
+biases), on the same JPEG CIFAR-10 (all 50,000
 training images, scored on the 10,000 test images, both with multi-crop TTA), seed by seed.
 
 Per seed: each side's test accuracy and training seconds; then the mean difference accel -
