@@ -83,6 +83,9 @@ class ModelConfig:
     # (computed at build time, so a rerun rebuilds it); 2 C k^2 channels in front of the model
     whiten: int = 0
     whiten_images: int = 5000
+    # the whitening layer's bias starts at zero (airbench's Conv) instead of PyTorch's uniform
+    # init for a convolution (+-0.29 for the 2x2 layer on RGB)
+    whiten_bias_zero: bool = False
     # the logits are the network's output times this (airbench's 1/9: a cooler softmax at the
     # start and a smaller step of the logits for the head's updates); 1 = as the model is
     head_scale: float = 1.0

@@ -44,6 +44,8 @@ def build_model(cfg: Config, num_classes: int, in_chans: int, img_size: int) -> 
         model = ScaledLogits(model, cfg.model.head_scale)
     if k:
         model = Whitened(model, images_chans, k)
+        if cfg.model.whiten_bias_zero:  # after PyTorch's init: the random stream is the same
+            torch.nn.init.zeros_(model.whiten.bias)
     for norm in batch_norms(model):
         if cfg.model.bn_momentum is not None:
             norm.momentum = cfg.model.bn_momentum

@@ -397,3 +397,17 @@ def test_the_peers_overrides_are_airbenchs_arithmetic():
                                                                          rel=1e-4)
     assert group_of(optimizer, batch_norms(model)[0].bias)["lr"] == pytest.approx(
         64 * 11.5 * 1024 / kilostep, rel=1e-4)
+
+
+def test_the_whitening_bias_starts_at_zero_and_the_rest_of_the_init_is_unchanged():
+    """model.whiten_bias_zero: the bias is zero and every other tensor is what the default
+    init gives (the zeroing draws nothing from the random stream)."""
+    built = {}
+    for zero in (False, True):
+        torch.manual_seed(0)
+        cfg = config.load(RECIPE, [f"model.whiten_bias_zero={zero}"])
+        built[zero] = build_model(cfg, 10, 3, 32).state_dict()
+    assert built[False]["whiten.bias"].abs().max() > 0.05  # PyTorch's uniform init
+    assert not built[True]["whiten.bias"].any()
+    assert all(torch.equal(built[True][k], v) for k, v in built[False].items()
+               if k != "whiten.bias")

@@ -126,7 +126,7 @@ def hyperparameters() -> dict:
 # groups: weight_decay / 64 and / 1, accel.param_groups.bias_decay). Its Lookahead writes its
 # average back every 5 updates with decay 0.95^5 (t / T)^3 and ends on it (what is scored: the
 # network, no separate moving average); its BatchNorms have eps 1e-12, momentum 0.6 (0.4 in
-# PyTorch's sense), and its logits are scaled by 1/9.
+# PyTorch's sense), its whitening bias starts at zero, and its logits are scaled by 1/9.
 AIRBENCH_OVERRIDES = ("train.batch_size=1024", "train.epochs=10", "train.lr=1.5",
                       "train.momentum=0.85", "train.weight_decay=1.3305e-3",
                       "train.warmup_epochs=2.3", "train.lr_start=0.2", "train.lr_end=0.07",
@@ -134,7 +134,7 @@ AIRBENCH_OVERRIDES = ("train.batch_size=1024", "train.epochs=10", "train.lr=1.5"
                       "train.whiten_bias_lr_scale=1", "train.bn_bias_decay=true",
                       "train.whiten_bias_epochs=3", "train.ema_decay=null",
                       "train.lookahead_decay=0.95", "train.lookahead_every=5",
-                      "model.bn_momentum=0.4", "model.bn_eps=1e-12",
+                      "model.bn_momentum=0.4", "model.bn_eps=1e-12", "model.whiten_bias_zero=true",
                       "model.head_scale=0.1111111111111111")
 
 
@@ -154,8 +154,6 @@ DIFFERENCES = (
     "schedule: accel's warm-up multiplier for update u (from 0) is 0.2 + 0.8 (u + 1) / 110 (23% "
     "of 480 updates), at the peak for updates 109 and 110; airbench's triangle is 0.2 + 0.8 u / "
     "109 (23% of 476), one update behind, at the peak for update 109 alone",
-    "whitening bias init: accel's starts at PyTorch's default for a convolution, uniform in "
-    "+-1/sqrt(12) (+-0.29); airbench's Conv zeroes its bias",
     "Lookahead start: airbench's average is taken before its whitening layer is fitted, so its "
     "first write-back (update 5, decay 9e-7) keeps 9e-7 of the unfitted whitening weights (below "
     "fp16's resolution on a GPU); accel's average starts from the fitted layer",
