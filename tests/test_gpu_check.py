@@ -101,6 +101,9 @@ def _airbench_wheel(folder: Path) -> str | None:
     return str(wheel)
 
 
+# Real CIFAR-10 and every step of the check (~2.5 min on 2 cores): make test-all; make test
+# covers the plan and the report's parsing in this file's other tests.
+@pytest.mark.slow
 @pytest.mark.skipif(not Path(carry.ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz")
                     .exists(), reason="the shared CIFAR-10 (../shared/data) is absent")
 def test_dry_run_runs_every_step_on_cpu_and_reports_real_numbers(tmp_path):
