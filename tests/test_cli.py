@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from accel import config, config_params
@@ -113,8 +110,8 @@ def test_options_may_come_before_between_or_after_the_config():
 
 def test_train_runs_with_options_first(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = run_cli("train", "--tracking-uri", store, "--experiment", "first",
-                   "experiments/quickstart.yaml", *TINY_OVERRIDES, "train.epochs=1")
+    proc = run_in_process("train", "--tracking-uri", store, "--experiment", "first",
+                          "experiments/quickstart.yaml", *TINY_OVERRIDES, "train.epochs=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("run ") and "1 epochs" in proc.stdout
 
@@ -133,7 +130,9 @@ def test_config_from_params_inverts_flat(path):
                                             ("truncated", 2)])
 def test_an_unreadable_image_is_named_in_one_line(tmp_path, damage, workers):
     """Also when a DataLoader worker process reads it: torch re-raises the worker's error with
-    the worker's traceback as its message; the user still sees one line naming the file."""
+    the worker's traceback as its message; the user still sees one line naming the file. With
+    workers, a real `accel` process: its whole stderr, the workers' included, is that one line;
+    without, the command in this process."""
     import numpy as np
     from PIL import Image
 
@@ -146,10 +145,11 @@ def test_an_unreadable_image_is_named_in_one_line(tmp_path, damage, workers):
     bad = tmp_path / "data" / "train" / "b" / "3.jpg"
     bad.write_bytes(bad.read_bytes()[:200] if damage == "truncated" else b"not an image")
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = run_cli("train", "data.dataset=imagefolder", f"data.root={tmp_path / 'data'}",
-                   "model.name=test_resnet", "model.img_size=32", "train.epochs=1",
-                   "train.batch_size=4", f"data.num_workers={workers}", "--tracking-uri", store,
-                   "--experiment", "bad")
+    run = run_cli if workers else run_in_process
+    proc = run("train", "data.dataset=imagefolder", f"data.root={tmp_path / 'data'}",
+               "model.name=test_resnet", "model.img_size=32", "train.epochs=1",
+               "train.batch_size=4", f"data.num_workers={workers}", "--tracking-uri", store,
+               "--experiment", "bad")
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if "mlflow.store.db" not in line]
     assert lines == [lines[-1]] and str(bad) in lines[0], proc.stderr  # one line, the file named
@@ -170,21 +170,23 @@ def test_yaml_that_would_build_python_objects_is_refused(tmp_path):
         f"accel: error: config file '{evil}' is not valid YAML line 1"]
 
 
-# The artifact store fails with ENOSPC when the run writes its first checkpoint (a fault injected
-# into the real CLI process: the disk of the test machine is not full).
-DISK_FULL = """
-import errno, os, sys
-from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
-real = LocalArtifactRepository.log_artifact
-def log_artifact(self, local_file, artifact_path=None):
-    if artifact_path == "checkpoint":
-        target = os.path.join(self.artifact_dir, artifact_path, os.path.basename(local_file))
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
-    return real(self, local_file, artifact_path)
-LocalArtifactRepository.log_artifact = log_artifact
-from accel.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+def disk_full_at_the_first_checkpoint(monkeypatch) -> None:
+    """The artifact store fails with ENOSPC when the run writes its first checkpoint (a fault
+    injected into the command, run in this process: the disk of the test machine is not full)."""
+    import errno
+    import os
+
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    real = LocalArtifactRepository.log_artifact
+
+    def log_artifact(self, local_file, artifact_path=None):
+        if artifact_path == "checkpoint":
+            target = os.path.join(self.artifact_dir, artifact_path, os.path.basename(local_file))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), target)
+        return real(self, local_file, artifact_path)
+
+    monkeypatch.setattr(LocalArtifactRepository, "log_artifact", log_artifact)
 
 
 def _only_run(store: str, experiment: str):
@@ -195,11 +197,11 @@ def _only_run(store: str, experiment: str):
     return run
 
 
-def test_a_full_disk_ends_the_run_failed_naming_the_path(tmp_path, tiny_overrides):
+def test_a_full_disk_ends_the_run_failed_naming_the_path(tmp_path, tiny_overrides, monkeypatch):
     store = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
-    proc = subprocess.run([sys.executable, "-c", DISK_FULL, "train", *tiny_overrides,
-                           "--tracking-uri", store, "--experiment", "full"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    disk_full_at_the_first_checkpoint(monkeypatch)
+    proc = run_in_process("train", *tiny_overrides, "--tracking-uri", store,
+                          "--experiment", "full")
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("accel: error: [Errno 28] No space left on device: ")
@@ -215,7 +217,8 @@ def test_an_artifact_folder_that_cannot_be_written_ends_the_run_failed(tmp_path,
     blocked = tmp_path / "mlruns" / "artifacts" / "blocked"
     blocked.parent.mkdir(parents=True)
     blocked.write_text("not a folder")
-    proc = run_cli("train", *tiny_overrides, "--tracking-uri", store, "--experiment", "blocked")
+    proc = run_in_process("train", *tiny_overrides, "--tracking-uri", store,
+                          "--experiment", "blocked")
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("accel: error: ") and str(blocked) in last, proc.stderr[-2000:]
@@ -246,10 +249,14 @@ QUICKSTART = str(ROOT / "experiments" / "quickstart.yaml")
 @pytest.mark.parametrize("command", [["train", QUICKSTART, *TINY_OVERRIDES],
                                      ["tune", QUICKSTART, "--study", "s"], ["ui"],
                                      ["reproduce", "0123abcd"]], ids=lambda c: c[0])
-def test_a_file_store_is_refused_in_one_line_naming_the_stores_that_work(tmp_path, command):
+def test_a_file_store_is_refused_in_one_line_naming_the_stores_that_work(tmp_path, command,
+                                                                         monkeypatch):
     """MLflow 3 no longer writes to `file:` stores (its "maintenance mode" error)."""
+    from tests import conftest
+
     store = (tmp_path / "mlruns").as_uri()
-    proc = run_cli(*command, "--tracking-uri", store, cwd=tmp_path)  # default storage: here
+    monkeypatch.setattr(conftest, "ROOT", tmp_path)  # run_in_process runs here: default storage
+    proc = run_in_process(*command, "--tracking-uri", store)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     for text in (store, "sqlite:///", "postgresql://", "http"):
