@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from accel.tracking import Tracker
-from tests.conftest import stop_group
 from tests.test_scale_out import free_port
 
 WAIT_S = 180  # a loaded 2-core machine starts MLflow's server slowly
@@ -28,10 +27,11 @@ def page(port: int, experiment_id: str) -> str:
             "?workflowType=machine_learning")
 
 
-@pytest.fixture
-def store(tmp_path) -> tuple[str, str]:
-    """A store with one experiment besides MLflow's Default: (uri, its id)."""
-    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> tuple[str, str]:
+    """A store with one experiment besides MLflow's Default: (uri, its id); made once, every
+    test here only reads it."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'mlruns' / 'mlflow.db'}"
     return uri, Tracker(uri).experiment_id("digits")
 
 
@@ -41,34 +41,6 @@ def recording_browser(tmp_path: Path) -> tuple[Path, Path]:
     script.write_text(f'#!/bin/sh\necho "$1" >> {record}\n')
     script.chmod(0o755)
     return script, record
-
-
-def stop(proc: subprocess.Popen) -> None:
-    stop_group(proc)
-
-
-def test_accel_ui_opens_the_browser_at_the_model_training_view(tmp_path, store):
-    uri, experiment_id = store
-    script, record = recording_browser(tmp_path)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
-    env.update(BROWSER=str(script), MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    log = tmp_path / "ui.err"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "accel", "ui", "--tracking-uri", uri,
-                                 "--port", str(port)], cwd=tmp_path, env=env,
-                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        deadline = time.time() + WAIT_S
-        while not record.exists() and time.time() < deadline:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            time.sleep(0.5)
-        assert record.read_text().split() == [page(port, experiment_id)], log.read_text()
-        # It was opened once the server answered: the page is there to load.
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).close()
-        assert f"open first: {page(port, experiment_id)}" in log.read_text()
-    finally:
-        stop(proc)
 
 
 @pytest.mark.parametrize("flags,opened", [([], True), (["--no-browser"], False)])
@@ -143,27 +115,42 @@ def listening(port: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+# make test covers it: the same stop handler as Ctrl-C's (signals.handle_stops), a signal's name
+# in the last line as SIGHUP's: test_accel_ui_opens_the_browser_then_any_stop_ends_its_server
+# [SIGINT] and [SIGHUP]
+SLOW_STOPS = (signal.SIGTERM,)
+
+
+@pytest.mark.parametrize("sig", [pytest.param(s, marks=pytest.mark.slow if s in SLOW_STOPS else ())
+                                 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)],
                          ids=lambda s: s.name)
-def test_any_stop_of_accel_ui_stops_its_whole_server(tmp_path, store, sig):
-    """`kill -TERM`, Ctrl-C or the terminal closing (SIGHUP), sent to the `accel ui` process
-    alone: it exits with 128 + the signal, the port is free and none of the processes it
-    started is left. MLflow's job runner (huey consumers) is not started at all."""
-    uri, _ = store
+def test_accel_ui_opens_the_browser_then_any_stop_ends_its_server(tmp_path, store, sig):
+    """One `accel ui` per stop. It opens the browser (no display: the one in $BROWSER) at the
+    model-training view once the server answers, and prints that link. Then `kill -TERM`, Ctrl-C
+    or the terminal closing (SIGHUP), sent to the `accel ui` process alone: it exits with 128 +
+    the signal, the port is free and none of the processes it started is left. MLflow's job
+    runner (huey consumers) is not started at all."""
+    uri, experiment_id = store
+    script, record = recording_browser(tmp_path)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION")}
+    env.update(BROWSER=str(script))
     log = tmp_path / "ui.err"
     with open(log, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "accel", "ui", "--tracking-uri", uri,
-                                 "--port", str(port), "--no-browser"], cwd=tmp_path, env=env,
+                                 "--port", str(port)], cwd=tmp_path, env=env,
                                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
     started: dict[int, str] = {}
     try:
         deadline = time.time() + WAIT_S
-        while not listening(port) and time.time() < deadline:
+        while not record.exists() and time.time() < deadline:
             assert proc.poll() is None, log.read_text()[-2000:]
             time.sleep(0.5)
+        assert record.read_text().split() == [page(port, experiment_id)], log.read_text()
+        # It was opened once the server answered: the page is there to load.
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).close()
+        assert f"open first: {page(port, experiment_id)}" in log.read_text()
         started = descendants(proc.pid)
         assert started, "accel ui started no server process"
         jobs = [c for c in started.values() if "huey" in c or "mlflow.server.jobs" in c]
