@@ -14,13 +14,16 @@ CPU = torch.device("cpu")
 UPDATES = 30
 
 
-def batch(n: int = 8):
+def batch(n: int = 4, side: int = 16):
+    """A small batch: what is counted is the reads per update, not the work of one."""
     g = torch.Generator().manual_seed(0)
-    return torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+    return torch.randn(n, 3, side, side, generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
-@pytest.mark.parametrize("amp", ["off", "bf16"])
-@pytest.mark.parametrize("accumulation", [1, 3])
+# make test covers it: bf16's step: [1-bf16]; accumulation's: [3-off] (both: test-all)
+@pytest.mark.parametrize("amp,accumulation", [
+    ("off", 1), ("bf16", 1), ("off", 3), pytest.param("bf16", 3, marks=pytest.mark.slow)],
+    ids=lambda v: str(v))
 def test_the_update_step_reads_no_tensor_value_in_steady_state(amp, accumulation):
     """AdamW, clipping, a schedule and a moving average, with and without accumulation."""
     torch.manual_seed(0)
@@ -63,7 +66,9 @@ def test_the_count_leaves_out_the_optimizers_host_counters():
     assert dict(reads) == {}
 
 
-@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
+# make test covers it: bf16's step: test_the_update_step_reads_no_tensor_value_in_steady_state
+# [bf16-1]; the trainer and its handlers around a step: [off] and [fp16] here
+@pytest.mark.parametrize("amp", ["off", pytest.param("bf16", marks=pytest.mark.slow), "fp16"])
 def test_the_trainer_with_its_handlers_and_the_progress_bar_reads_nothing_more(amp, monkeypatch):
     """accel's trainer around the step (no per-update NaN check: the epoch's summed loss is
     checked at its end), with the moving average and the progress bar a terminal gets. fp16
