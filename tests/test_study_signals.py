@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, TINY_OVERRIDES, new_store, run_cli
+from tests.conftest import ROOT, TINY_OVERRIDES, new_store, run_in_process
 from tests.test_signals import LONG, SIGTERM_EXIT, runs, start, wait_for_epoch
 
-# Checkpoints on (the default): a retried trial carries on from one; 8 epochs leave time to kill.
+# Checkpoints on (the default): a retried trial carries on from one; 6 epochs leave time to kill
+# a trial after its second.
 RETRY = {
     "data": {"dataset": "digits", "num_workers": 0},
     "model": {"name": "test_resnet", "img_size": 16},
-    "train": {"epochs": 8, "epoch_length": 8, "batch_size": 16, "device": "cpu", "amp": "off",
+    "train": {"epochs": 6, "epoch_length": 8, "batch_size": 16, "device": "cpu", "amp": "off",
               "lr": 1.5e-3},
     "search": {"pruner": "none", "sampler": "random",
                "enqueue": [{"train.lr": 1.2e-3}],
@@ -44,8 +45,11 @@ def load(journal: str, name: str):
     return optuna.load_study(study_name=name, storage=open_storage(journal))
 
 
-def poll(condition, what: str, proc: subprocess.Popen | None = None, timeout_s: float = 300):
-    """`condition()`'s first true answer (exceptions: the store is being written; try again)."""
+def poll(condition, what: str, proc: subprocess.Popen | None = None, timeout_s: float = 300,
+         every_s: float = 0.02):
+    """`condition()`'s first true answer (exceptions: the store is being written; try again),
+    asked every `every_s`: a short window needs 0.02 s, a heavy question (MLflow, a database)
+    over a longer one less often, not to take the cores from the processes it waits for."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -57,7 +61,7 @@ def poll(condition, what: str, proc: subprocess.Popen | None = None, timeout_s: 
             answer = None
         if answer:
             return answer
-        time.sleep(0.02)
+        time.sleep(every_s)
     raise AssertionError(f"no {what} within {timeout_s} s")
 
 
@@ -96,7 +100,7 @@ def test_a_worker_killed_with_sigkill_has_its_trial_retried_from_its_checkpoint(
                  "--tracking-uri", store, "--n-trials", "2", "--workers", "2")
     try:
         number, pid, dead_run = poll(lambda: _trial_with_epochs(store, journal, 2),
-                                     "trial with 2 epochs", proc)
+                                     "trial with 2 epochs", proc, every_s=0.25)
         os.kill(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=600)
     finally:
@@ -154,7 +158,7 @@ def test_a_stop_during_study_set_up_leaves_a_whole_study_and_the_rerun_runs_the_
         assert "RUNNING" not in statuses(store, "s").values(), statuses(store, "s")
         assert "accel.definition" in load(journal, "s").user_attrs, "set-up left half done"
     half_made = "accel.definition" not in load(journal, "s").user_attrs
-    rerun = run_cli(*tune, "--n-trials", "2")
+    rerun = run_in_process(*tune, "--n-trials", "2")  # a fresh process after the stopped one
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     if half_made:  # killed before the definition: adopted at once, not after a wait
         assert f"its creator, process {proc.pid}, is gone" in rerun.stderr, rerun.stderr
@@ -183,13 +187,13 @@ def test_accel_best_finishes_a_parent_run_whose_nodes_are_all_gone(tmp_path):
     node_b = start(*tune, "--n-trials", "1")
     try:
         wait_for_epoch(node_b, store, "n", "trial")
-        node_a = run_cli(*tune, "--n-trials", "0")
+        node_a = run_in_process(*tune, "--n-trials", "0")  # node A: this process
         assert node_a.returncode == 0, node_a.stderr[-3000:]
         assert "other node(s) still work on the study" in node_a.stderr
         assert statuses(store, "n")["study-n"] == "RUNNING"
     finally:
         kill_group(node_b)  # SIGKILL: B ends nothing
-    best = run_cli("best", "--study", "n", "--storage", journal, "--tracking-uri", store)
+    best = run_in_process("best", "--study", "n", "--storage", journal, "--tracking-uri", store)
     assert "Traceback" not in best.stderr, best.stderr[-3000:]
     [parent] = [r for r in runs(store, "n") if r.data.tags["accel.role"] == "study"]
     assert parent.info.status == "FAILED"
