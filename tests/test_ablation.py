@@ -20,17 +20,17 @@ from accel import config
 from accel.ablation.split import split_table
 from accel.errors import ConfigError, NonFiniteLoss
 from accel.train import train
-from tests.conftest import ROOT, SHARED_DATA, TINY_OVERRIDES, run_cli, run_in_process
+from tests.conftest import ROOT, SHARED_DATA, TINY_OVERRIDES, run_in_process
 
 PAPER = sorted((ROOT / "experiments" / "paper").glob("cifar*.yaml"))  # the paper's grid
 PAPER_FIVE = {"train.lr", "train.optimizer", "train.weight_decay", "train.clip_grad_norm",
               "train.accumulation_steps"}
 CPU = torch.device("cpu")
-# One intra-op thread: these models are tiny, and on a shared 2-core machine two OpenMP threads
-# spin-waiting on each other made this file ~4x slower (118 s vs 29 s, measured).
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
+# One intra-op thread in this process, where every ablation of this file runs: these models are
+# tiny, and on a shared 2-core machine two OpenMP threads spin-waiting on each other made this file
+# ~4x slower (118 s vs 29 s, measured).
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     before = torch.get_num_threads()
@@ -472,9 +472,8 @@ def test_a_failed_baseline_gives_no_speedups():
 def test_cli_ablation_logs_a_parent_with_one_child_per_combination(store, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    proc = run_cli("ablate", *TINY_OVERRIDES, "train.epochs=1", "train.epoch_length=2",
-                   "--techniques", "ga,amp,pm", "--repeats", "1", "--tracking-uri", store,
-                   env=ONE_THREAD)
+    proc = run_in_process("ablate", *TINY_OVERRIDES, "train.epochs=1", "train.epoch_length=2",
+                          "--techniques", "ga,amp,pm", "--repeats", "1", "--tracking-uri", store)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| baseline |" in proc.stdout and "n/a on cpu" in proc.stdout
     # Where each combination's steady epoch went, and the part it moved against the baseline.
@@ -566,8 +565,8 @@ def test_missing_data_exits_2_before_any_experiment_or_run(store, tmp_path):
     as it was (no experiment, no FAILED parent or combination runs)."""
     from mlflow.tracking import MlflowClient
 
-    proc = run_cli("ablate", str(PAPER[0]), f"data.root={tmp_path / 'nowhere'}",
-                   "train.epochs=2", "--repeats", "2", "--tracking-uri", store, env=ONE_THREAD)
+    proc = run_in_process("ablate", str(PAPER[0]), f"data.root={tmp_path / 'nowhere'}",
+                          "train.epochs=2", "--repeats", "2", "--tracking-uri", store)
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("accel: error: data.root=") and "Traceback" not in proc.stderr
@@ -588,9 +587,9 @@ def test_several_files_make_one_grid_with_a_summary_and_a_verdict_per_technique(
         path = tmp_path / f"{name}.yaml"
         path.write_text(f"name: {name}\nmodel: {{name: {model}}}\n")
         files.append(str(path))
-    proc = run_cli("ablate", *files, *TINY_OVERRIDES[:1], *TINY_OVERRIDES[2:], "train.epochs=2",
-                   "train.epoch_length=2", "--techniques", "amp,pm", "--repeats", "2",
-                   "--tracking-uri", store, env=ONE_THREAD)
+    proc = run_in_process("ablate", *files, *TINY_OVERRIDES[:1], *TINY_OVERRIDES[2:],
+                          "train.epochs=2", "train.epoch_length=2", "--techniques", "amp,pm",
+                          "--repeats", "2", "--tracking-uri", store)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = proc.stdout.split("## the grid")[1]
     amp = next(line for line in summary.splitlines() if line.startswith("| amp |"))
