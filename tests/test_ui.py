@@ -116,7 +116,7 @@ def listening(port: int) -> bool:
 
 
 # make test covers it: the same stop handler as Ctrl-C's (signals.handle_stops), a signal's name
-# in the last line as SIGHUP's: test_accel_ui_opens_the_browser_then_any_stop_ends_its_server
+# in the last line as SIGHUP's: test_accel_ui_opens_the_browser_at_the_model_training_view
 # [SIGINT] and [SIGHUP]
 SLOW_STOPS = (signal.SIGTERM,)
 
@@ -124,12 +124,13 @@ SLOW_STOPS = (signal.SIGTERM,)
 @pytest.mark.parametrize("sig", [pytest.param(s, marks=pytest.mark.slow if s in SLOW_STOPS else ())
                                  for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)],
                          ids=lambda s: s.name)
-def test_accel_ui_opens_the_browser_then_any_stop_ends_its_server(tmp_path, store, sig):
-    """One `accel ui` per stop. It opens the browser (no display: the one in $BROWSER) at the
-    model-training view once the server answers, and prints that link. Then `kill -TERM`, Ctrl-C
-    or the terminal closing (SIGHUP), sent to the `accel ui` process alone: it exits with 128 +
-    the signal, the port is free and none of the processes it started is left. MLflow's job
-    runner (huey consumers) is not started at all."""
+def test_accel_ui_opens_the_browser_at_the_model_training_view(tmp_path, store, sig):
+    """And any stop of accel ui stops its whole server: one `accel ui` per stop. It opens the
+    browser (no display: the one in $BROWSER) at the model-training view once the server
+    answers, and prints that link. Then `kill -TERM`, Ctrl-C or the terminal closing (SIGHUP),
+    sent to the `accel ui` process alone: it exits with 128 + the signal, the port is free and
+    none of the processes it started is left. MLflow's job runner (huey consumers) is not
+    started at all."""
     uri, experiment_id = store
     script, record = recording_browser(tmp_path)
     port = free_port()
