@@ -178,6 +178,27 @@ def serving_recipe(page: Path) -> tuple[str, str]:
     return serve[0], client[0]
 
 
+def test_the_serving_recipe_is_what_test_serving_runs():
+    """docs/registry.md's serve command is, word for word, the `mlflow models serve` that
+    tests/test_serving.py runs against a registered model (the store named by
+    MLFLOW_TRACKING_URI), and its Python client is valid Python that posts `{"inputs": ...}` to
+    /invocations and names the classes from the model's metadata."""
+    serve, client = serving_recipe(ROOT / "docs" / "registry.md")
+    words = shlex.split(serve.replace("\\\n", " "))
+    assert words == ["MLFLOW_TRACKING_URI=sqlite:///mlruns/mlflow.db", "mlflow", "models", "serve",
+                     "-m", "models:/digits-cnn@champion", "--env-manager", "local",
+                     "-h", "127.0.0.1", "-p", "5001"], words
+    compile(client, "registry.md", "exec")
+    for text in ('"http://127.0.0.1:5001/invocations"', 'json.dumps({"inputs": x.tolist()})',
+                 '["predictions"]', 'get_model_info("models:/digits-cnn@champion")',
+                 '.metadata["classes"]'):
+        assert text in client, text
+
+
+# make test covers it: the same recipe against a real `mlflow models serve`:
+# test_serving.py::test_the_serving_recipe_works_as_pasted_against_mlflow_models_serve; the
+# page's blocks are those words: test_the_serving_recipe_is_what_test_serving_runs
+@pytest.mark.slow
 def test_the_serving_recipe_runs_as_written(tmp_path):
     """docs/registry.md's serving recipe pasted into a shell and a Python prompt, after the
     page's own registration (its first `--register NAME`, alias champion) of a tiny study; only
