@@ -81,48 +81,67 @@ def test_two_ranks_at_b_train_the_weights_one_process_trains_at_2b(accumulation,
     assert runs[0].data.params["effective_batch_size"] == str(16 * accumulation)
 
 
-def test_a_killed_rank_ends_the_run_failed_naming_it(tmp_path):
-    """SIGKILL to rank 1 mid-run: rank 0 says which rank ended and how, in one line, exit 1,
-    and the run is FAILED; no process is left."""
-    import subprocess
-    import sys
+def test_a_killed_rank_ends_the_run_failed_naming_it(tmp_path, capfd):
+    """SIGKILL to rank 1 once an epoch is logged (rank 0 is this process, its follower a real
+    one): rank 0 says which rank ended and how, in one line, exit 1, and the run is FAILED; no
+    process is left, and the follower printed nothing."""
+    import threading
     import time
 
     import psutil
 
-    from tests.conftest import ROOT
+    from tests.conftest import cli_main
 
     store = new_store(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "accel", "train", *NO_BATCHNORM, "train.epochs=200",
-         "train.batch_size=8", "--nproc-per-node", "2", "--tracking-uri", store],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    try:
-        client = MlflowClient(store)
-        deadline = time.time() + 120
-        while time.time() < deadline:  # an epoch logged: both ranks are training
-            runs = client.search_runs(
-                [e.experiment_id for e in client.search_experiments()])
-            if runs and client.get_metric_history(runs[0].info.run_id, "val_loss"):
-                break
-            time.sleep(0.5)
-        [follower] = [p for p in psutil.Process(proc.pid).children()  # not the resource
-                      if "spawn_main" in " ".join(p.cmdline())]  # tracker that spawn starts
-        follower.send_signal(signal.SIGKILL)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            import os
+    client = MlflowClient(store)
+    capfd.readouterr()  # the store's own lines: what follows is the follower's
+    here = psutil.Process()
+    before = {p.pid for p in here.children()}
+    done, seen = threading.Event(), {}
 
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 1, err[-3000:]
+    def followers() -> list:  # not the resource tracker that spawn starts
+        found = []
+        for p in here.children():
+            try:
+                if p.pid not in before and "spawn_main" in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.Error:  # gone between the listing and the look
+                pass
+        return found
+
+    def kill_the_follower_once_both_ranks_train(timeout_s: float = 600) -> None:
+        deadline = time.time() + timeout_s
+        while not done.is_set() and time.time() < deadline:
+            time.sleep(0.2)
+            try:  # an epoch logged: both ranks are training
+                runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+                epoch = runs and client.get_metric_history(runs[0].info.run_id, "val_loss")
+            except Exception:  # the run is not there yet
+                continue
+            if epoch and (found := followers()):
+                seen["follower"] = found[0]
+                found[0].send_signal(signal.SIGKILL)
+                return
+        for p in followers():  # no epoch in time: end the run all the same, the test fails
+            p.send_signal(signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_follower_once_both_ranks_train, daemon=True)
+    killer.start()
+    try:
+        code, _, err = cli_main("train", *NO_BATCHNORM, "train.epochs=200", "train.batch_size=8",
+                                "--nproc-per-node", "2", "--tracking-uri", store)
+    finally:
+        done.set()
+        killer.join()
+    assert "follower" in seen, f"no follower with an epoch logged; exit {code}:\n{err[-3000:]}"
+    assert code == 1, err[-3000:]
     *epochs, last = err.strip().splitlines()  # a log, not a terminal: a line an epoch before it
     assert "rank 1 of 2 ended (killed by SIGKILL)" in last, err[-3000:]
-    assert all(line.startswith("epoch ") for line in epochs), err[-3000:]
+    assert epochs and all(line.startswith("epoch ") for line in epochs), err[-3000:]
+    assert not capfd.readouterr().err.strip(), "the follower printed"
     [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.info.status == "FAILED"
+    follower = seen["follower"]
     assert not psutil.pid_exists(follower.pid) or follower.status() == psutil.STATUS_ZOMBIE
 
 
