@@ -1,7 +1,8 @@
-"""train.budget_s: the schedule laid over a wall-clock training budget. Real runs in their own
-processes end within the budget plus one update with the learning rate at the schedule's end; a
-slower machine runs fewer updates in the same budget; `accel reproduce` replays the logged plan
-exactly; `accel resume` carries the plan on. The planning itself is checked on a fake clock."""
+"""train.budget_s: the schedule laid over a wall-clock training budget. Real runs end within the
+budget plus one update with the learning rate at the schedule's end; a slower machine runs fewer
+updates in the same budget; `accel reproduce` replays the logged plan exactly; `accel resume`
+carries the plan on. The planning itself is checked on a fake clock. The runs read a clock, not
+their process: they run in this one, but for the slower machines (processes of their own)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from accel.config import TrainConfig
 from accel.schedule import Schedule
 from accel.train import budget as B
-from tests.conftest import ROOT, TINY_OVERRIDES, new_store, run_cli
+from tests.conftest import ROOT, TINY_OVERRIDES, new_store, run_in_process
 
 BUDGET_S = 6.0
 LR, LR_END = 0.01, 0.1
@@ -66,10 +67,10 @@ def assert_on_time_and_at_the_end(store: str, run, plan: dict) -> None:
 
 @pytest.fixture(scope="module")
 def budgeted(tmp_path_factory):
-    """A budgeted run in its own process: (store, run, its plan, a folder, its stderr)."""
+    """A budgeted run: (store, run, its plan, a folder, its stderr)."""
     tmp = tmp_path_factory.mktemp("budgeted")
     store = new_store(tmp)
-    out = run_cli("train", *BUDGETED, "--tracking-uri", store)
+    out = run_in_process("train", *BUDGETED, "--tracking-uri", store)
     assert out.returncode == 0, out.stderr[-3000:]
     run = only_run(store)
     return store, run, plan_of(store, run.info.run_id, tmp), tmp, out.stderr
@@ -147,7 +148,7 @@ def test_reproduce_replays_the_logged_plan_exactly(budgeted):
     """The rerun trains the original's updates and epochs on the original's plan (the clock is
     not read), so its curves and final metrics are bitwise the original's."""
     store, run, plan, tmp, _ = budgeted
-    out = run_cli("reproduce", run.info.run_id, "--tracking-uri", store)
+    out = run_in_process("reproduce", run.info.run_id, "--tracking-uri", store)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "(exactly)" in out.stdout and f"{plan['updates']} updates in" in out.stderr
     rerun = only_run(store, "reproduce")
@@ -161,17 +162,15 @@ def test_reproduce_replays_the_logged_plan_exactly(budgeted):
 
 
 def test_resume_carries_the_plan_on_from_where_it_stopped(tmp_path):
-    """Stopped by SIGTERM after epoch 1's checkpoint, the run is carried on by `accel resume`:
-    its plan begins with the revisions the checkpoint held, the time it had trained counts
-    against the budget, and it ends on time with its schedule at its end."""
+    """Stopped as SIGTERM stops it after epoch 1's checkpoint, the run is carried on by `accel
+    resume`: its plan begins with the revisions the checkpoint held, the time it had trained
+    counts against the budget, and it ends on time with its schedule at its end."""
     from accel.train import checkpoint
-    from tests.test_resume import STOP_AFTER_EPOCH
+    from tests.test_resume import stopped_here_after
 
     store = new_store(tmp_path)
-    stopped = subprocess.run([sys.executable, "-c", STOP_AFTER_EPOCH, "train", *BUDGETED,
-                              "train.epoch_length=10", "--tracking-uri", store], cwd=ROOT,
-                             capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "STOP_AFTER": "1"})
+    stopped = stopped_here_after(1, "train", *BUDGETED, "train.epoch_length=10",
+                                 "--tracking-uri", store)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     run_id = only_run(store).info.run_id
     path = client(store).download_artifacts(run_id, "checkpoint/last-a.pt", str(tmp_path))
@@ -179,7 +178,7 @@ def test_resume_carries_the_plan_on_from_where_it_stopped(tmp_path):
     held = state["scheduler"]["lr_lambdas"][0]["revisions"]
     assert state["epoch"] == 1 and state["updates"] == 10
 
-    out = run_cli("resume", run_id, "--tracking-uri", store)
+    out = run_in_process("resume", run_id, "--tracking-uri", store)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "after epoch 1 of " in out.stderr and "within train.budget_s=6" in out.stderr
     run = client(store).get_run(run_id)
@@ -330,8 +329,6 @@ def test_the_schedule_travels_in_the_schedulers_state():
 
 
 def test_bad_budgets_are_refused_in_one_line():
-    from tests.conftest import run_in_process
-
     out = run_in_process("train", *TINY_OVERRIDES, "train.budget_s=0")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == (
