@@ -45,7 +45,7 @@ def test_auto_trains_in_what_the_probe_found_faster_and_reproduce_keeps_it(
     from accel.train import train
 
     calls = forced(monkeypatch, outcome)
-    cfg = config.load(None, AUTO)
+    cfg = config.load(None, [*AUTO, "train.epochs=1"])  # a run in the chosen precision
     cfg.tracking.uri = new_store(tmp_path)
     run_id = train(cfg).run_id
     assert calls == [(16, 1, 16, 16)]  # the run's batch: 16 gray 16 px digits
