@@ -20,7 +20,7 @@ from tests.conftest import ROOT, TINY_OVERRIDES
 
 BEFORE = "6005c1a"  # the last commit before accel.train.run.Run
 INGREDIENTS = ("model.name=accel_cnn_s", "model.whiten=2", "model.whiten_images=100",
-               "train.whiten_bias_epochs=1", "train.ema_decay=0.9", "train.budget_s=6",
+               "train.whiten_bias_epochs=1", "train.ema_decay=0.9", "train.budget_s=3",
                "train.epochs=3", "train.bn_bias_lr_scale=64")
 
 
