@@ -21,13 +21,15 @@ from accel.tracking.store import open_store
 from tests.conftest import ROOT, TINY_OVERRIDES, run_cli
 
 COMPARED = ("val_accuracy", "val_f1", "val_loss", "train_loss")
+# Each test trains its run and its rerun: one epoch of the tiny run is enough to compare.
+ONE_EPOCH = (*TINY_OVERRIDES, "train.epochs=1")
 
 
 def _train_into(directory: Path, experiment: str | None = None,
                 extra: tuple[str, ...] = ()) -> SimpleNamespace:
     from accel.train import train
 
-    cfg = config.load(None, [*TINY_OVERRIDES, *extra])
+    cfg = config.load(None, [*ONE_EPOCH, *extra])
     cfg.tracking.uri = f"sqlite:///{directory / 'mlflow.db'}"
     cfg.tracking.experiment = experiment
     result = train(cfg)
@@ -113,7 +115,8 @@ def test_a_run_with_the_fast_recipes_ingredients_reproduces_exactly(original, tm
     from the logged config: the rerun's metrics are bitwise the run's."""
     store = _initialised_store(original, tmp_path / "store")
     run = _train_into(store, experiment="ingredients",
-                      extra=("model.name=accel_cnn_s", "model.dirac_init=true",
+                      extra=("train.epochs=2",  # the whitening bias held after epoch 1
+                             "model.name=accel_cnn_s", "model.dirac_init=true",
                              "eval.tta=multicrop", "model.bn_momentum=0.4",
                              "train.bn_bias_lr_scale=64", "train.bn_weight_frozen=true",
                              "model.whiten=2", "model.whiten_images=100",
@@ -271,7 +274,7 @@ def test_best_trial_of_a_study_reproduces_as_printed(original, tmp_path, capsys)
     # Two trials: the median pruner judges nothing before three have finished.
     tune = [
         "tune",
-        *TINY_OVERRIDES,
+        *ONE_EPOCH,
         space,
         "--study",
         "tiny",
