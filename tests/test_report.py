@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests import chromium
-from tests.conftest import ROOT, cli_main, new_store, run_cli
+from tests.conftest import ROOT, cli_main, new_store, run_in_process
 
 SECTIONS = ("question", "answer", "sure", "importances", "parallel", "pareto", "curves",
             "target", "states", "time")
@@ -143,6 +143,10 @@ def test_the_page_holds_every_section_and_the_records_answer(made):
         section(html, key)
     assert html.index('id="question"') < html.index('id="answer"') < html.index('id="sure"')
     study = load(made)
+    # Every complete trial is a row of the parallel coordinates' table (the failed one is not).
+    rows = Cells(section(html, "parallel")).tables[0]
+    assert sorted(int(row[0]) for row in rows[1:]) == [
+        t.number for t in study.trials if t.state.name == "COMPLETE"] == [1, 2, 3, 4]
     # The answer is what `accel best --pick val_accuracy` names, with its params and command.
     code, out, err = cli_main("best", "--study", "qs-report", "--pick", "val_accuracy",
                               *made["where"])
@@ -294,10 +298,13 @@ def fake_study(folder: Path, n: int) -> tuple[str, str]:
     return str(journal), store
 
 
+# make test covers it: every complete trial in the page's table, at 4 trials:
+# test_the_page_holds_every_section_and_the_records_answer
+@pytest.mark.slow
 def test_a_50_trial_study_report_holds_every_trial_within_10_mb(tmp_path):
     """Its time is a benchmark's (bench/report_time.py), not an assertion here."""
     journal, store = fake_study(tmp_path, 50)
-    proc = run_cli("report", "--study", "q50", "--storage", journal, "--tracking-uri", store)
+    proc = run_in_process("report", "--study", "q50", "--storage", journal, "--tracking-uri", store)
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = Path(re.search(r"^report: (.+)$", proc.stdout, re.M).group(1))
     size = page.stat().st_size + page.with_suffix(".md").stat().st_size

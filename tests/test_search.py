@@ -640,13 +640,16 @@ def _pid_of_finished_process() -> int:
 # --- worker processes and Ctrl-C ---------------------------------------------------------------
 
 
-def test_two_workers_share_six_trials_exactly_once(tmp_path):
+def test_two_workers_share_six_trials_exactly_once(tmp_path, capfd):
+    """The invocation runs in this process; its two workers are spawned processes, whose
+    output reaches this process's stderr (capfd reads both)."""
     stores = Stores(tmp_path)
     exp = experiment(tmp_path, "w2")
-    proc = run_cli("tune", str(exp), "--study", "w2", "--storage", stores.storage,
-                   "--tracking-uri", stores.uri, "--n-trials", "6", "--workers", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "database is locked" not in proc.stderr
+    code = stores.tune(exp, "w2", "--n-trials", "6", "--workers", "2")
+    err = capfd.readouterr().err
+    assert code == 0, err[-3000:]
+    assert "[worker 0] " in err and "[worker 1] " in err, err[-3000:]  # both workers' lines
+    assert "database is locked" not in err
     trials = stores.study("w2").trials
     assert len(trials) == 6
     assert sorted(t.number for t in trials) == list(range(6))
@@ -772,11 +775,14 @@ def test_postgres_storage_runs_and_retries_a_dead_workers_trial(tmp_path, postgr
     assert "s3cret-pw" not in out + err
 
 
-def test_storage_password_is_never_printed(tmp_path):
+def test_storage_password_is_never_printed(tmp_path, capfd):
+    """In this process: the command's own output, and (capfd) whatever loggers write."""
     exp = experiment(tmp_path, "pw")
     url = "postgresql://someone:s3cret-pw@127.0.0.1:1/nowhere"
-    proc = run_cli("tune", str(exp), "--study", "pw", "--storage", url,
-                   "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", timeout=120)
+    capfd.readouterr()
+    proc = run_in_process("tune", str(exp), "--study", "pw", "--storage", url,
+                          "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    logged = capfd.readouterr()
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "s3cret-pw" not in proc.stderr + proc.stdout
+    assert "s3cret-pw" not in proc.stderr + proc.stdout + logged.err + logged.out
     assert "someone:***@127.0.0.1" in proc.stderr

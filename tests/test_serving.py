@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import ROOT, TINY_OVERRIDES, run_cli, run_in_process
+from tests.conftest import TINY_OVERRIDES, run_in_process
 
 # What a user runs, without accel: the README's serving example, called in-process. The
 # payload is what `curl -d @payload.json localhost:PORT/invocations` sends.
@@ -91,8 +91,9 @@ def test_a_fresh_process_calls_the_registered_model_on_0_1_images(served, tmp_pa
     assert answer["input"] == "float32 NCHW [0, 1]"
     assert answer["served"] == answer["direct"]
     accuracy = float(np.mean(np.array(answer["direct"]) == labels.astype(str)))
-    # accel's own evaluation of the same model on the same split scores the same predictions.
-    evaluation = run_cli("evaluate", "models:/served@champion", "--tracking-uri", store)
+    # accel's own evaluation of the same model on the same split scores the same predictions
+    # (here, in-process: the fresh process above is the one without accel).
+    evaluation = run_in_process("evaluate", "models:/served@champion", "--tracking-uri", store)
     assert evaluation.returncode == 0, evaluation.stderr[-2000:]
     eval_run = evaluation.stdout.split("mlflow run: ")[1].split()[0]
     c = MlflowClient(store)
@@ -102,16 +103,23 @@ def test_a_fresh_process_calls_the_registered_model_on_0_1_images(served, tmp_pa
     assert accuracy > 0.3  # it learned (chance: 0.1): the predictions line up with the class names
 
 
-def test_the_model_refuses_images_of_another_size(served, tmp_path):
-    """NCHW at the trained size only: 8x8 digits are refused, not silently misread."""
+def test_the_model_refuses_images_of_another_size(served):
+    """NCHW at the trained size only: 8x8 digits are refused, not silently misread (the model
+    loaded here, through MLflow's pyfunc: the refusal is the model's, in any process)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
     store, _ = served
     images, _ = unit_images(side=8)
-    np.save(tmp_path / "small.npy", images)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store}
-    proc = subprocess.run([sys.executable, "-c", CALLER, "models:/served@champion",
-                           str(tmp_path / "small.npy")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 or json.loads(proc.stdout.splitlines()[-1])["status"] != 200
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(store)
+    try:
+        model = mlflow.pyfunc.load_model("models:/served@champion")
+    finally:
+        mlflow.set_tracking_uri(before)
+    assert model.predict(unit_images()[0]).shape == (len(images), 10)  # its own size is taken
+    with pytest.raises(MlflowException, match="(?i)shape"):
+        model.predict(images)
 
 
 def test_the_serving_recipe_works_as_pasted_against_mlflow_models_serve(served, tmp_path):

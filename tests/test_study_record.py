@@ -1,5 +1,6 @@
 """A study's record stays what happened: a retried multi-objective trial, each trial's own peak
-memory, warm starts that copy each trial once. Real processes through the CLI, tiny runs."""
+memory, warm starts that copy each trial once. A real `accel` process where one is killed, the
+other commands in this process (`run_in_process`); tiny runs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, new_store, run_cli
+from tests.conftest import ROOT, new_store, run_cli, run_in_process
 
 TINY = {
     "data": {"dataset": "digits", "num_workers": 0},
@@ -99,7 +100,7 @@ def test_a_retried_two_objective_trial_carries_on_and_completes(tmp_path):
     dead_run, code = kill_when(args, lambda: wait_for_trial_epochs(store, 1))
     assert code == -signal.SIGKILL
 
-    out = run_cli(*args)
+    out = run_in_process(*args)  # another process than the dead one: this one
     assert out.returncode == 0, out.stderr[-3000:]
     first, retry = load_study("mo", journal).trials
     assert (first.state.name, retry.state.name) == ("FAIL", "COMPLETE"), retry.user_attrs
@@ -184,8 +185,8 @@ def test_from_study_copies_each_trained_trial_once_and_not_the_study_itself(tmp_
     assert copied_from("a", journal) == ["b#0"]
 
     before = load_study("c", journal).trials
-    proc = run_cli("tune", str(exp), "--study", "c", "--n-trials", "1", "--storage",
-                   str(journal), "--tracking-uri", store, "--from-study", "c", timeout=120)
+    proc = run_in_process("tune", str(exp), "--study", "c", "--n-trials", "1", "--storage",
+                          str(journal), "--tracking-uri", store, "--from-study", "c")
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("accel: error: --from-study c: ") and "this study itself" in line
