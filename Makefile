@@ -32,12 +32,15 @@ lint: $(STAMP)
 # `slow`. `test-all` (what CI runs, .ci/run): every test but the `gpu` ones, the `slow` ones too
 # (real CIFAR-10 in ../shared/data, and the costlier variants of what `test` covers). Two
 # pytest-xdist processes, a test file each at a time (a file's shared studies are made once), one
-# OpenMP thread each (tests/conftest.py).
+# OpenMP thread each, the costliest files first (tests/conftest.py: COSTLY_FIRST; xdist's own
+# order, files with the most tests first, would leave them for last).
+PYTEST_XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+
 test: lint
-	$(BIN)/pytest -m "not slow and not gpu" -n 2 --dist loadfile
+	$(BIN)/pytest -m "not slow and not gpu" $(PYTEST_XDIST)
 
 test-all: lint
-	$(BIN)/pytest -m "not gpu" -n 2 --dist loadfile
+	$(BIN)/pytest -m "not gpu" $(PYTEST_XDIST)
 
 bench: $(STAMP)
 	for b in engine_overhead amp_cpu tracking_overhead cli_startup; do $(BIN)/python bench/$$b.py; done

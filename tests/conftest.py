@@ -18,6 +18,22 @@ SHARED_DATA = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 # `accel` it starts, uses one OpenMP thread (two spinning threads each would fight for the cores).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The files whose tests start real processes (signals, workers, servers, outages) go first: two
+# pytest-xdist processes each take a whole file at a time, in this order (the Makefile turns
+# xdist's own order, files with the most tests first, off), and a costly file left for last
+# keeps one process busy while the other has nothing left. Roughly by cost, most first; the rest
+# keep their order.
+COSTLY_FIRST = ("test_study_signals.py", "test_worker_faults.py", "test_store_outages.py",
+                "test_resume.py", "test_search.py", "test_signals.py", "test_distributed.py",
+                "test_train.py", "test_registry.py", "test_ablation.py", "test_verify.py",
+                "test_study_record.py", "test_cli.py", "test_ui.py", "test_report.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(COSTLY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 # train.amp=auto's answers (accel.train.amp_probe) go to a cache of the suite's own: a probe timed
 # while the suite loads the machine must not decide the user's runs.
 os.environ.setdefault("ACCEL_CACHE_DIR", str(Path(tempfile.gettempdir()) / "accel-test-cache"))
