@@ -105,17 +105,20 @@ def stopped_here_after(k: int, *args: str) -> subprocess.CompletedProcess:
         signals._received.clear()  # the stop is over: later commands of this process start clean
 
 
-def stopped_and_resumed(args: list[str], k: int, tmp_path: Path):
+def stopped_and_resumed(args: list[str], k: int, tmp_path: Path, *, here: bool = False):
     """`accel train ARGS` never stopped, and the same run stopped by SIGTERM after epoch k (left
-    KILLED) and carried on by `accel resume`, each in its own processes: ((store, run id) of
-    the resumed run, (store, run id) of the uninterrupted one, the resume's stderr)."""
+    KILLED) and carried on by `accel resume`, each in its own processes (`here`: the first two in
+    this process, the stop through accel's handler; the resume still a fresh process): ((store,
+    run id) of the resumed run, (store, run id) of the uninterrupted one, the resume's stderr)."""
     from tests.conftest import new_store
 
     ref_store = new_store(tmp_path / "reference")
-    out = run_cli("train", *args, "--tracking-uri", ref_store)
+    train = run_in_process if here else run_cli
+    out = train("train", *args, "--tracking-uri", ref_store)
     assert out.returncode == 0, out.stderr[-3000:]
     store = new_store(tmp_path / "stopped")
-    stopped = train_stopped_after(k, [*args, "--tracking-uri", store])
+    stopped = (stopped_here_after(k, "train", *args, "--tracking-uri", store) if here
+               else train_stopped_after(k, [*args, "--tracking-uri", store]))
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     run_id = only_run(store)
     assert client(store).get_run(run_id).info.status == "KILLED"
@@ -505,18 +508,7 @@ def test_a_run_with_every_fast_ingredient_resumed_inside_a_pass_ends_as_the_unin
              "train.warmup_epochs=0.5",
              "train.batch_size=8", "train.epoch_length=4", "train.device=cpu",
              "tracking.system_metrics=false"]
-    ref_store = new_store(tmp_path / "reference")
-    out = run_in_process("train", *every, "--tracking-uri", ref_store)
-    assert out.returncode == 0, out.stderr[-3000:]
-    store = new_store(tmp_path / "stopped")
-    stopped = stopped_here_after(2, "train", *every, "--tracking-uri", store)
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    run_id = only_run(store)
-    assert client(store).get_run(run_id).info.status == "KILLED"
-    out = run_cli("resume", run_id, "--tracking-uri", store)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert client(store).get_run(run_id).info.status == "FINISHED"
-    assert "after epoch 2 of 3" in out.stderr
-    final = same_curves_and_weights((store, run_id), (ref_store, only_run(ref_store)), 3,
-                                    tmp_path)
+    resumed, reference, said = stopped_and_resumed(every, 2, tmp_path, here=True)
+    assert "after epoch 2 of 3" in said
+    final = same_curves_and_weights(resumed, reference, 3, tmp_path)
     assert "whiten.weight" in final
