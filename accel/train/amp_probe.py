@@ -118,7 +118,7 @@ def probe(model: torch.nn.Module, cfg, device: torch.device, shape: tuple[int, .
     batches of `shape`, and ("spread") the larger relative range of the rounds' timings; the
     process's random states are left as they were. Where one warm step is DECISIVE times the
     other's, those two steps are the answer."""
-    from accel.train.checkpoint import kept_random_states
+    from accel.train.random_state import kept_random_states
 
     with kept_random_states():
         steps = {"fp32": _step(model, cfg, device, None, shape, classes),

@@ -18,10 +18,8 @@ refused, never executed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
-import random
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accel.errors import ConfigError, one_line
+from accel.train.random_state import random_states, set_random_states
 
 if TYPE_CHECKING:
-    from accel.train.run import Run
+    from accel.train.view import RunView
 
 ARTIFACT_DIR = "checkpoint"
 SLOTS = ("last-b.pt", "last-a.pt")  # indexed by epoch % 2: epoch 1 -> last-a.pt
@@ -61,7 +60,7 @@ def slot(epoch: int) -> str:
 # --- capture and restore ----------------------------------------------------------------------
 
 
-def capture(run: Run) -> dict[str, Any]:
+def capture(run: RunView) -> dict[str, Any]:
     """The state at the end of the trainer's current epoch."""
     step, trainer = run.step, run.trainer
     return {
@@ -89,7 +88,7 @@ class CheckpointMismatch(ConfigError):
     model): a retried trial starts fresh instead, `accel resume` refuses."""
 
 
-def restore(run: Run, state: dict[str, Any]) -> None:
+def restore(run: RunView, state: dict[str, Any]) -> None:
     """Put `state` (from `capture`) into a freshly built run of the same config."""
     saved = state["trainer"]
     # a budgeted run's epochs are its plan's, which its scheduler state carries on
@@ -124,40 +123,6 @@ def restore(run: Run, state: dict[str, Any]) -> None:
 
     per_rank = state.get("rng_ranks") or []  # several ranks: each its own
     set_random_states(per_rank[rank()] if rank() < len(per_rank) else state["rng"])
-
-
-@contextlib.contextmanager
-def kept_random_states():
-    """Python, NumPy and torch random states as they were on entry, again on exit."""
-    states = random_states()
-    try:
-        yield
-    finally:
-        set_random_states(states)
-
-
-def random_states() -> dict[str, Any]:
-    import numpy as np
-
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        # As plain tensors and numbers: weights_only loading takes no NumPy arrays.
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-    }
-
-
-def set_random_states(states: dict[str, Any]) -> None:
-    import numpy as np
-
-    random.setstate(states["python"])
-    kind, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 # --- files ------------------------------------------------------------------------------------

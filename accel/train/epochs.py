@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import optuna
     from ignite.engine import Engine
 
-    from accel.train.run import Run
+    from accel.train.view import RunView
 
 
 def find_best_epoch(history: list[dict[str, float]], metric: str, direction: str) -> int:
@@ -90,7 +90,7 @@ def time_to_target(target: dict, history: list[dict[str, float]]) -> tuple[float
     return None
 
 
-def epoch_row(run: Run, t0: float) -> dict[str, float]:
+def epoch_row(run: RunView, t0: float) -> dict[str, float]:
     """The epoch's metrics: training loss and speed since `t0`, then validation."""
     step = run.step
     stats = step.stats.summary()  # reads device tensors: a sync point
@@ -116,7 +116,7 @@ def epoch_row(run: Run, t0: float) -> dict[str, float]:
     return row
 
 
-def epoch_line(run: Run, state, split: dict[str, float]) -> str:
+def epoch_line(run: RunView, state, split: dict[str, float]) -> str:
     """`epoch 2/4 ...`, the epoch's metrics, then where its time went and its MFU; a budgeted
     run adds its training clock (the plan's epoch count is revised as the run measures its
     speed)."""
@@ -150,7 +150,7 @@ def synchronize(device: torch.device) -> None:
 # --- run and finish ---------------------------------------------------------------------------
 
 
-def run_epochs(run: Run) -> dict[str, float]:
+def run_epochs(run: RunView) -> dict[str, float]:
     """Train all epochs; the last epoch's metrics, plus test_* where a test split exists,
     scored with the best epoch's weights: those best.pt holds, which a registered or served
     model and `accel evaluate` use, so every number of a run describes the model it publishes."""
@@ -175,7 +175,7 @@ def run_epochs(run: Run) -> dict[str, float]:
     return final
 
 
-def planned_epochs(run: Run) -> int:
+def planned_epochs(run: RunView) -> int:
     """train.epochs; with train.budget_s, the epochs of the plan as it stands (a resumed run:
     as its checkpoint left them), which the budget revises as the run goes."""
     trainer, step = run.trainer, run.step
@@ -187,7 +187,7 @@ def planned_epochs(run: Run) -> int:
     return schedule.epochs_for(schedule.total_at(step.updates))
 
 
-def load_best(run: Run) -> bool:
+def load_best(run: RunView) -> bool:
     """Put the best epoch's weights into the model: kept in memory when that epoch ran in this
     process, else (a resumed run whose best epoch came before) read from the run's best.pt.
     False where the model holds them already (or they cannot be found)."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accel.train.checkpoint import kept_random_states
+from accel.train.random_state import kept_random_states
 
 if TYPE_CHECKING:
     from accel.timing import EpochClock

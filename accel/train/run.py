@@ -216,7 +216,7 @@ class Run:
         """The last epoch's checkpoint (after every draw of randomness this epoch makes), and
         a budgeted run's plan so far (what a reproduce replays)."""
         if ranks.world_size() > 1:  # the checkpoint holds every rank's random states
-            from accel.train.checkpoint import random_states
+            from accel.train.random_state import random_states
 
             self.rank_random_states = ranks.gathered(random_states())
         self.log.last_state(self)

@@ -17,7 +17,7 @@ from accel.tracking.lineage import log_splits, split_record
 from accel.train.checkpoint import Resume
 
 if TYPE_CHECKING:
-    from accel.train.run import Run
+    from accel.train.view import RunView
 
 
 class RunLog:
@@ -55,13 +55,13 @@ class RunLog:
                 return None
         return torch.load(best, map_location="cpu", weights_only=True)
 
-    def last_state(self, run: Run) -> None:
+    def last_state(self, run: RunView) -> None:
         """The last-epoch checkpoint (`accel resume` carries on from it)."""
         if self.tracker and self.keep_checkpoints:
             checkpoint.upload(self.tracker, self.run_id, checkpoint.capture(run), self.scratch)
             self.resumable = True
 
-    def budget_plan(self, run: Run) -> None:
+    def budget_plan(self, run: RunView) -> None:
         """`budget_plan.json`: a budgeted run's plan and its revisions so far (budget.py)."""
         from accel.train.budget import ARTIFACT, record
 
@@ -89,7 +89,7 @@ class RunLog:
                                             tracking_uri=with_driver(self.tracker.uri))
         self.monitor.start()
 
-    def log_model(self, run: Run) -> None:
+    def log_model(self, run: RunView) -> None:
         """The best epoch's weights (those best.pt holds) as an MLflow PyTorch model in this
         run (`tracking.log_model`)."""
         import copy
@@ -131,7 +131,7 @@ class RunLog:
             warn(f"could not mark run {self.run_id} {status}: {one_line(e)}")
 
 
-def open_run(run: Run, run_name: str | None, tags: dict[str, str] | None,
+def open_run(run: RunView, run_name: str | None, tags: dict[str, str] | None,
              parent_run_id: str | None, scratch: Path, resume: Resume | None = None) -> RunLog:
     """The MLflow run: the whole config and what it resolved to here, and the environment. A
     resumed run is the same run again (`accel resume`) or a new one that starts with the
@@ -172,7 +172,7 @@ def _guarded(log: RunLog, fn, *args) -> None:
         raise
 
 
-def _log_recipe(log: RunLog, run: Run) -> None:
+def _log_recipe(log: RunLog, run: RunView) -> None:
     from accel.tracking import environment
 
     cfg, tracker = run.cfg, log.tracker
@@ -199,12 +199,12 @@ def _log_recipe(log: RunLog, run: Run) -> None:
     _log_peak(log, run)
 
 
-def _speed_params(run: Run) -> dict:
+def _speed_params(run: RunView) -> dict:
     """FLOPs of one training image (accel.flops): the model's and the input's, so a rerun's."""
     return {} if run.flops is None else {"resolved.flops_per_image": run.flops.per_image}
 
 
-def _log_peak(log: RunLog, run: Run) -> None:
+def _log_peak(log: RunLog, run: RunView) -> None:
     """The peak MFU is measured against, and how it was found (accel.train.peak)."""
     if run.peak is not None:
         retry_locked(log.tracker.set_tags, log.run_id, {"accel.peak": run.peak.how})
@@ -221,7 +221,7 @@ def data_records(cfg, data) -> list[dict]:
             for split, loader in loaders.items() if loader is not None]
 
 
-def _reopen(log: RunLog, run: Run, resume: Resume) -> None:
+def _reopen(log: RunLog, run: RunView, resume: Resume) -> None:
     """RUNNING again, tagged with the epoch it carries on from; this machine's environment."""
     from accel.tracking import environment
 
@@ -243,7 +243,7 @@ def _log_epochs(log: RunLog, resume: Resume, skip: set[int]) -> None:
             log.metrics(row, step=epoch)
 
 
-def _carry_over(log: RunLog, run: Run, resume: Resume) -> None:
+def _carry_over(log: RunLog, run: RunView, resume: Resume) -> None:
     """The new run starts where the old one stopped: its epochs' metrics, best weights and
     checkpoint, and tags naming it."""
     tracker = log.tracker
@@ -256,7 +256,7 @@ def _carry_over(log: RunLog, run: Run, resume: Resume) -> None:
         checkpoint.upload(tracker, log.run_id, resume.state, log.scratch)
 
 
-def log_results(run: Run, final: dict[str, float], best: int) -> None:
+def log_results(run: RunView, final: dict[str, float], best: int) -> None:
     """test_* metrics, the best epoch and its metric, the confusion matrix of the last
     evaluation (best.pt was logged when its epoch ended)."""
     log = run.log
