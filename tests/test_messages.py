@@ -116,19 +116,15 @@ def test_a_stopped_study_says_how_many_trials_are_left_and_the_command_that_runs
     brings the study to 3."""
     from tests.conftest import new_store
     from tests.test_signals import start
-    from tests.test_study_signals import experiment, load, poll
+    from tests.test_study_signals import experiment, load, one_done_and_one_training, poll
 
     store, journal = new_store(tmp_path), str(tmp_path / "optuna.journal")
     where = ["--study", "q", "--storage", journal, "--tracking-uri", store]
     proc = start("tune", experiment(tmp_path, epochs=5), *where, "--n-trials", "3")
 
-    def one_done_and_one_training() -> bool:
-        trials = load(journal, "q").trials
-        return any(t.state.name == "COMPLETE" for t in trials) and any(
-            t.state.name == "RUNNING" and t.intermediate_values for t in trials)
-
     try:
-        poll(one_done_and_one_training, "a trial done and one training", proc, every_s=0.2)
+        poll(one_done_and_one_training(journal, "q"), "a trial done and one training",
+             proc, every_s=0.2)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's whole group
         _, err = proc.communicate(timeout=300)
     finally:

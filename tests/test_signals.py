@@ -128,20 +128,16 @@ def test_sigterm_ends_a_study_cleanly_and_the_rerun_resumes(tmp_path, workers):
     import optuna
 
     from accel.tune import open_storage
-    from tests.test_study_signals import experiment, load, poll
+    from tests.test_study_signals import experiment, one_done_and_one_training, poll
 
     store, journal = new_store(tmp_path), str(tmp_path / "optuna.journal")
     tune = ["tune", experiment(tmp_path, epochs=5), "--study", "term", "--storage", journal,
             "--tracking-uri", store]
     proc = start(*tune, "--n-trials", "3", "--workers", workers)
 
-    def one_done_and_one_training() -> bool:
-        trials = load(journal, "term").trials
-        return any(t.state.name == "COMPLETE" for t in trials) and any(
-            t.state.name == "RUNNING" and t.intermediate_values for t in trials)
-
     try:
-        poll(one_done_and_one_training, "a trial done and one training", proc, every_s=0.2)
+        poll(one_done_and_one_training(journal, "term"), "a trial done and one training",
+             proc, every_s=0.2)
         code, err = stop(proc, group=workers != "1")
     finally:
         if proc.poll() is None:

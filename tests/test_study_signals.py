@@ -45,6 +45,16 @@ def load(journal: str, name: str):
     return optuna.load_study(study_name=name, storage=open_storage(journal))
 
 
+def one_done_and_one_training(journal: str, name: str):
+    """A condition for `poll`: a trial of study `name` complete and another with an epoch
+    reported (a stop then lands mid-trial, with work done to keep)."""
+    def met() -> bool:
+        trials = load(journal, name).trials
+        return any(t.state.name == "COMPLETE" for t in trials) and any(
+            t.state.name == "RUNNING" and t.intermediate_values for t in trials)
+    return met
+
+
 def poll(condition, what: str, proc: subprocess.Popen | None = None, timeout_s: float = 300,
          every_s: float = 0.02):
     """`condition()`'s first true answer (exceptions: the store is being written; try again),
