@@ -206,6 +206,9 @@ class TrackingConfig:
     log_checkpoint: bool = True  # best.pt, and the last-epoch checkpoint `accel resume` needs
     system_metrics: bool = True  # MLflow system metrics (CPU, memory; GPU through NVML)
     log_model: bool = False  # the best epoch's weights as an MLflow PyTorch model in the run
+    # confusion_matrix.png and time_split.png at the run's end: about a second of drawing, and
+    # matplotlib's import in a fresh process, which a trial of seconds may rather not pay
+    figures: bool = True
 
 
 @dataclass

@@ -257,8 +257,9 @@ def _carry_over(log: RunLog, run: RunView, resume: Resume) -> None:
 
 
 def log_results(run: RunView, final: dict[str, float], best: int) -> None:
-    """test_* metrics, the best epoch and its metric, the confusion matrix of the last
-    evaluation (best.pt was logged when its epoch ended)."""
+    """test_* metrics, the best epoch and its metric, the figures (tracking.figures): the
+    confusion matrix of the last evaluation and the time split (best.pt was logged when its
+    epoch ended)."""
     log = run.log
     if "confusion_matrix" not in run.evaluator.state.metrics:  # resumed with no epoch left
         run.evaluator.run(run.data.val)  # on every rank: its metrics are reduced across them
@@ -276,10 +277,11 @@ def log_results(run: RunView, final: dict[str, float], best: int) -> None:
         summary.update({k: v for k, v in measured.items() if v is not None})
         log.budget_plan(run)
     log.metrics(summary, step=run.trainer.state.epoch)
-    matrix = run.evaluator.state.metrics["confusion_matrix"]
-    log_confusion_matrix(log.tracker, log.run_id, matrix, run.data.classes)
-    if run.splits:
-        log_time_split(log.tracker, log.run_id, run.splits, len(run.history))
+    if run.cfg.tracking.figures:
+        matrix = run.evaluator.state.metrics["confusion_matrix"]
+        log_confusion_matrix(log.tracker, log.run_id, matrix, run.data.classes)
+        if run.splits:
+            log_time_split(log.tracker, log.run_id, run.splits, len(run.history))
     if run.cfg.tracking.log_model:
         log.log_model(run)
 
