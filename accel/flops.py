@@ -24,9 +24,29 @@ class Count:
     # input height, input width): the convolution the peak probe times, or None
 
 
+_COUNTED: dict[tuple, Count] = {}  # this process's counts, by the network's structure
+
+
 def count_training_flops(model: torch.nn.Module, image_shape: tuple[int, ...]) -> Count:
     """FLOPs of one image's forward and backward pass through `model` as it trains (its frozen
-    parameters get no gradient), and its heaviest convolution. `image_shape`: (C, H, W)."""
+    parameters get no gradient), and its heaviest convolution. `image_shape`: (C, H, W).
+    Counted once per process for a structure and input: a study's trials that train the same
+    network in one worker share the count."""
+    key = _structure(model, tuple(image_shape))
+    if key not in _COUNTED:
+        _COUNTED[key] = _count(model, tuple(image_shape))
+    return _COUNTED[key]
+
+
+def _structure(model: torch.nn.Module, image_shape: tuple[int, ...]) -> tuple:
+    """What the count depends on: every module as its repr shows it (its type, shapes and
+    settings), every parameter's shape and whether it trains, and the input's shape."""
+    params = tuple((name, tuple(p.shape), p.requires_grad)
+                   for name, p in model.named_parameters())
+    return repr(model), params, image_shape
+
+
+def _count(model: torch.nn.Module, image_shape: tuple[int, ...]) -> Count:
     from torch.utils.flop_counter import FlopCounterMode
 
     meta = copy.deepcopy(model).to("meta").train()

@@ -31,6 +31,16 @@ def test_the_flop_count_of_a_plain_conv_net_is_the_hand_count():
     assert count_training_flops(net, (3, 8, 8)).per_image == pytest.approx(conv + 2 * linear,
                                                                            rel=0.01)
     assert all(p.device.type == "cpu" and p.grad is None for p in net.parameters())
+    # Counted once per structure and input; a wider network or a larger image is counted anew.
+    net[0].requires_grad_(True)
+    assert count_training_flops(net, (3, 8, 8)) == count
+    wider = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(16 * 8 * 8, 10))
+    assert count_training_flops(wider, (3, 8, 8)).per_image == pytest.approx(2 * count.per_image,
+                                                                              rel=0.01)
+    conv_only = torch.nn.Conv2d(3, 8, 3, padding=1)
+    assert count_training_flops(conv_only, (3, 16, 16)).per_image == pytest.approx(
+        4 * count_training_flops(conv_only, (3, 8, 8)).per_image, rel=0.01)
 
 
 def test_the_peak_is_measured_once_then_cached_and_an_override_wins(tmp_path, monkeypatch):
