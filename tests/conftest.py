@@ -78,8 +78,10 @@ def store(tmp_path: Path) -> str:
     return new_store(tmp_path)
 
 
-# A few-second run on digits: tiny timm model, few iterations, CPU, fp32.
+# A few-second run on digits: tiny timm model, few iterations, CPU, fp32, no figures (about a
+# second of drawing a run: tests/test_train.py's contract test draws them).
 TINY_OVERRIDES = (
+    "tracking.figures=false",
     "data.dataset=digits",
     "model.name=test_resnet",
     "model.img_size=16",

@@ -418,6 +418,7 @@ def retried_study(tmp_path: Path, storage_kind: str):
     exp = tmp_path / "retry.yaml"
     exp.write_text(yaml.safe_dump({
         "data": {"dataset": "digits", "num_workers": 0},
+        "tracking": {"figures": False},
         "model": {"name": "test_resnet", "img_size": 16},
         "train": {"epochs": STUDY_EPOCHS, "epoch_length": 10, "batch_size": 16, "device": "cpu",
                   "amp": "off", "accumulation_steps": 4, "warmup_epochs": 1},

@@ -31,7 +31,7 @@ TINY = {
     "model": {"name": "test_resnet", "img_size": 16},
     "train": {"epochs": 2, "epoch_length": 3, "batch_size": 16, "device": "cpu", "amp": "off",
               "lr": 3.0e-3},
-    "tracking": {"log_checkpoint": False},
+    "tracking": {"log_checkpoint": False, "figures": False},
 }
 # The five mission parameters; small ranges so that no sampled trial diverges by chance.
 SPACE = {
@@ -640,6 +640,11 @@ def _pid_of_finished_process() -> int:
 # --- worker processes and Ctrl-C ---------------------------------------------------------------
 
 
+# make test covers it: two spawned workers on one journal and one SQLite store, each trial once
+# under the study's run, a worker's lines on the invocation's stderr, no "database is locked":
+# tests/test_study_signals.py::
+#     test_a_worker_killed_with_sigkill_has_its_trial_retried_from_its_checkpoint
+@pytest.mark.slow
 def test_two_workers_share_six_trials_exactly_once(tmp_path, capfd):
     """The invocation runs in this process; its two workers are spawned processes, whose
     output reaches this process's stderr (capfd reads both)."""

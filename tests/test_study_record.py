@@ -20,7 +20,7 @@ TINY = {
     "data": {"dataset": "digits", "num_workers": 0},
     "model": {"name": "test_resnet", "img_size": 16},
     "train": {"epochs": 4, "epoch_length": 6, "batch_size": 16, "device": "cpu", "amp": "off"},
-    "tracking": {"system_metrics": False},
+    "tracking": {"system_metrics": False, "figures": False},
 }
 TWO_OBJECTIVES = [{"metric": "val_accuracy", "direction": "maximize"},
                   {"metric": "train_time_s", "direction": "minimize"}]
@@ -89,6 +89,11 @@ def kill_when(args: list[str], wait) -> tuple[str, int]:
 # --- 1: a retried trial of a multi-objective study ------------------------------------------
 
 
+# make test covers it: a retried trial carried on from its checkpoint and told its values:
+# tests/test_resume.py::test_a_retried_trial_carries_on_from_the_dead_trials_checkpoint; a
+# two-objective trial told both values: tests/test_search.py::
+# test_a_two_objective_study_keeps_its_pareto_front
+@pytest.mark.slow
 def test_a_retried_two_objective_trial_carries_on_and_completes(tmp_path):
     exp = experiment(tmp_path, "mo", objectives=TWO_OBJECTIVES)
     data = yaml.safe_load(exp.read_text())

@@ -82,6 +82,7 @@ def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
         "train",
         *tiny_overrides,
         "train.clip_grad_norm=1.0",
+        "tracking.figures=true",
         "--tracking-uri",
         store,
         "--experiment",
@@ -99,7 +100,8 @@ def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
 
     cfg = config.load(
         ROOT / config.DEFAULT_CONFIG,
-        [*tiny_overrides, "train.clip_grad_norm=1.0", "tracking.experiment=contract"],
+        [*tiny_overrides, "train.clip_grad_norm=1.0", "tracking.figures=true",
+         "tracking.experiment=contract"],
     )
     assert run.data.params["tracking.uri"] == "null"  # never the store URL (may hold a password)
     for key, value in cfg.flat().items():  # the whole resolved config, not just a few keys
@@ -379,6 +381,9 @@ def test_system_metrics_are_sampled_while_a_run_trains(tiny_overrides, store, mo
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= sampled
     assert not [k for k in unwatched.data.metrics if k.startswith("system/")]
     assert watched.info.status == "FINISHED"
+    # tracking.figures=false (the tiny runs'): no figure drawn (the contract test has both)
+    logged = {a.path for a in mlflow.MlflowClient(store).list_artifacts(watched.info.run_id)}
+    assert "config.yaml" in logged and not logged & {"confusion_matrix.png", "time_split.png"}
 
 
 @pytest.fixture(scope="module")

@@ -115,10 +115,11 @@ def listening(port: int) -> bool:
         return False
 
 
-# make test covers it: the same stop handler as Ctrl-C's (signals.handle_stops), a signal's name
-# in the last line as SIGHUP's: test_accel_ui_opens_the_browser_at_the_model_training_view
-# [SIGINT] and [SIGHUP]
-SLOW_STOPS = (signal.SIGTERM,)
+# make test covers it: SIGTERM and Ctrl-C stop accel ui as SIGHUP does (a KeyboardInterrupt,
+# then the server's whole group stopped: accel.foreground), a signal's name in the last line as
+# SIGHUP's: test_accel_ui_opens_the_browser_at_the_model_training_view[SIGHUP]; "stopped by
+# Ctrl-C": tests/test_registry.py::test_stopping_a_registration_leaves_the_trials_run_finished
+SLOW_STOPS = (signal.SIGTERM, signal.SIGINT)
 
 
 @pytest.mark.parametrize("sig", [pytest.param(s, marks=pytest.mark.slow if s in SLOW_STOPS else ())

@@ -26,6 +26,7 @@ from tests.test_study_signals import kill_group, poll
 STUDY = {
     "name": "frozen",
     "data": {"dataset": "digits", "num_workers": 0},
+    "tracking": {"figures": False},
     "model": {"name": "test_resnet", "img_size": 16},
     "train": {"epochs": 16, "epoch_length": 8, "batch_size": 16, "device": "cpu", "amp": "off"},
     "search": {"pruner": "none", "sampler": "random",
@@ -225,8 +226,13 @@ setattr(RDBStorage, _name, slow)
 
 @pytest.mark.parametrize(("method", "arg", "state", "status"), [
     ("set_trial_state_values", "COMPLETE", "COMPLETE", "FINISHED"),  # the tell
-    ("set_trial_intermediate_value", "", "FAIL", "KILLED"),  # an epoch reported in training
-])
+    # make test covers it: a stop held inside a store call and raised after it, as the tell's
+    # case above; a stop between epochs ends a trial FAIL and its run KILLED in
+    # tests/test_signals.py::test_sigterm_ends_a_study_cleanly_and_the_rerun_resumes
+    pytest.param("set_trial_intermediate_value", "", "FAIL", "KILLED",  # an epoch reported
+                 marks=pytest.mark.slow),
+], ids=["set_trial_state_values-COMPLETE-COMPLETE-FINISHED",
+        "set_trial_intermediate_value--FAIL-KILLED"])
 def test_sigterm_inside_a_store_call_is_raised_after_it(tmp_path, method, arg, state, status):
     """SIGTERM while the worker is inside a storage call: the call finishes, then the stop's one
     line and exit 143, no traceback; the trial is as far as it got (told COMPLETE; or stopped
