@@ -35,12 +35,15 @@ lint: $(STAMP)
 # OpenMP thread each, the costliest files first (tests/conftest.py: COSTLY_FIRST; xdist's own
 # order, files with the most tests first, would leave them for last).
 PYTEST_XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+# The suite's scratch files (stores, journals, checkpoints) on a RAM disk where the machine has
+# one: a SQLite commit or a checkpoint written there waits for no disk.
+TEST_TMP := $(shell test -d /dev/shm -a -w /dev/shm && echo TMPDIR=/dev/shm)
 
 test: lint
-	$(BIN)/pytest -m "not slow and not gpu" $(PYTEST_XDIST)
+	$(TEST_TMP) $(BIN)/pytest -m "not slow and not gpu" $(PYTEST_XDIST)
 
 test-all: lint
-	$(BIN)/pytest -m "not gpu" $(PYTEST_XDIST)
+	$(TEST_TMP) $(BIN)/pytest -m "not gpu" $(PYTEST_XDIST)
 
 bench: $(STAMP)
 	for b in engine_overhead amp_cpu tracking_overhead cli_startup; do $(BIN)/python bench/$$b.py; done
