@@ -183,6 +183,9 @@ class EvalConfig:
     # each image and its mirror image; multicrop = airbench's: 1/2 of the flip mean of the image,
     # 1/4 each of the flip means of the image moved 1 px up-left and 1 px down-right
     tta: str = "none"
+    # false: every epoch's validation without TTA (one forward pass an image, not up to 6), TTA
+    # for the run's final scores only (test_*, the confusion matrix), as airbench scores
+    tta_every_epoch: bool = True
 
 
 @dataclass

@@ -360,7 +360,8 @@ def create_evaluator(
     tta: str = "none",
 ) -> Engine:
     """Accuracy, macro F1, cross-entropy loss and the confusion matrix over a loader. `tta`:
-    see `tta_logits`."""
+    see `tta_logits`; the evaluator's `tta` attribute, which a run may change between two
+    evaluations (eval.tta_every_epoch)."""
     from ignite.metrics import Accuracy, ConfusionMatrix, Fbeta, Loss
 
     @torch.inference_mode()
@@ -368,10 +369,11 @@ def create_evaluator(
         model.eval()
         x, y = move_batch(batch, device, non_blocking, channels_last)
         with autocast(device, amp_dtype):
-            logits = tta_logits(model, x, tta)
+            logits = tta_logits(model, x, engine.tta)
         return logits, y
 
     evaluator = Engine(eval_step)
+    evaluator.tta = tta
     Accuracy(device=device).attach(evaluator, "accuracy")
     Fbeta(1.0, average=True, device=device).attach(evaluator, "f1")  # unweighted mean = macro
     Loss(torch.nn.CrossEntropyLoss(), device=device).attach(evaluator, "loss")

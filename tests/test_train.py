@@ -813,3 +813,25 @@ def test_deterministic_accel_cnn_reproduces_bitwise_on_cpu(tiny_overrides):
     strip = [{k: v for k, v in row.items() if k not in times} for row in (*first, *second)]
     assert strip[:2] == strip[2:] and len(first) == 2
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+def test_tta_for_the_final_scores_only_leaves_each_epoch_as_scored_without_it(gray_imagefolder):
+    """eval.tta_every_epoch=false: every epoch's validation is the one without TTA, and the
+    final scores (test_*) are the ones with eval.tta. TTA changes no update, so the three runs
+    train the same weights; one epoch, so the best epoch is the last in each."""
+    base = ["data.dataset=imagefolder", f"data.root={gray_imagefolder}", "model.name=test_resnet",
+            "model.img_size=16", "train.epochs=1", "train.epoch_length=2", "train.batch_size=8",
+            "train.device=cpu", "train.amp=off", "data.num_workers=0"]
+
+    def run(*overrides):
+        result = train(config.load(None, [*base, *overrides]), track=False)
+        epoch = [{k: v for k, v in row.items() if k not in TIMINGS} for row in result.history]
+        return epoch, {k: v for k, v in result.metrics.items() if k.startswith("test_")}
+
+    plain_epochs, plain_test = run("eval.tta=none")
+    every_epochs, every_test = run("eval.tta=multicrop")
+    last_epochs, last_test = run("eval.tta=multicrop", "eval.tta_every_epoch=false")
+    assert every_epochs != plain_epochs and every_test != plain_test  # TTA scores differently
+    assert last_epochs == plain_epochs
+    assert last_test == every_test and set(last_test) == {"test_loss", "test_accuracy",
+                                                          "test_f1"}

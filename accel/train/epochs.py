@@ -166,8 +166,10 @@ def run_epochs(run: RunView) -> dict[str, float]:
         )
     final = {**run.history[-1], "train_updates": run.step.updates}
     changed = load_best(run)
-    if run.data.test is None and changed:  # the confusion matrix logged is of these weights
-        run.evaluator.run(run.data.val)
+    scored_anew = run.evaluator.tta != run.cfg.eval.tta  # eval.tta_every_epoch=false
+    run.evaluator.tta = run.cfg.eval.tta  # the final scores with the run's TTA
+    if run.data.test is None and (changed or scored_anew):  # the confusion matrix logged is
+        run.evaluator.run(run.data.val)  # of these weights, scored as the final scores are
     if run.data.test is not None:
         test = run.evaluator.run(run.data.test).metrics
         final.update(test_loss=test["loss"], test_accuracy=test["accuracy"],

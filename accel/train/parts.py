@@ -81,7 +81,7 @@ def build(cfg: Config, replay: Replay | None = None) -> Run:
     scored = averaged.module if averaged is not None else model
     evaluator = engine.create_evaluator(scored, data.num_classes, device, amp_dtype=amp_dtype,
                                         channels_last=t.channels_last, non_blocking=non_blocking,
-                                        tta=cfg.eval.tta)
+                                        tta=cfg.eval.tta if cfg.eval.tta_every_epoch else "none")
     count, top = _speed(bare, data, device, amp_dtype, t.channels_last)
     return Run(cfg, device, data, bare, step, engine.create_trainer(step), evaluator, amp,
                epoch_length, Batches(data.train, step.clock), budget=budget,
