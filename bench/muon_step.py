@@ -18,7 +18,6 @@ spread.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import print_ratio, summary, time_rounds  # noqa: E402
+from bench.common import cpu_line, print_ratio, summary, time_rounds  # noqa: E402
 
 RECIPE = "experiments/cifar10_fast.yaml"
 MUON_RECIPE = "experiments/cifar10_fast_muon.yaml"
@@ -36,32 +35,6 @@ CONTENDERS = {  # name -> (recipe, overrides)
     "muon fp32": (MUON_RECIPE, ["train.muon_ns_dtype=fp32"]),
 }
 PASS = "forward+backward"
-
-
-def cpu_line() -> str:
-    """`lscpu`'s model name and the CPU's bf16 flags (Newton-Schulz in bf16 is emulated
-    without them), or what /proc/cpuinfo says where lscpu is missing."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        out = ""
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    name = fields.get("Model name", "").strip()
-    flags = fields.get("Flags", "").split()
-    if not name:
-        from accel.tracking.environment import cpu_name
-
-        name = cpu_name()
-        flags = _cpuinfo_flags()
-    bf16 = [f for f in flags if "bf16" in f] or ["no bf16 flag"]
-    return f"{name} ({', '.join(bf16)})"
-
-
-def _cpuinfo_flags() -> list[str]:
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    return next((line.split(":", 1)[1].split() for line in lines
-                 if line.startswith("flags")), [])
 
 
 def network(recipe: str, overrides: list[str]):
