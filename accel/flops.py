@@ -32,9 +32,10 @@ def count_training_flops(model: torch.nn.Module, image_shape: tuple[int, ...]) -
     parameters get no gradient), and its heaviest convolution. `image_shape`: (C, H, W).
     Counted once per process for a structure and input: a study's trials that train the same
     network in one worker share the count."""
-    key = _structure(model, tuple(image_shape))
+    shape = tuple(image_shape)
+    key = _structure(model, shape)
     if key not in _COUNTED:
-        _COUNTED[key] = _count(model, tuple(image_shape))
+        _COUNTED[key] = _count(model, shape)
     return _COUNTED[key]
 
 

@@ -1,6 +1,6 @@
 """What the fast recipe's evaluation costs each epoch with multi-crop TTA (experiments/
 cifar10_fast.yaml: 6 forward passes an image) and without it (eval.tta_every_epoch=false: one
-pass an epoch, TTA for the final scores only), beside its training, on this machine:
+pass an image, TTA for the final scores only), beside its training, on this machine:
 
     .venv/bin/python bench/eval_tta.py [--rounds 3] [--batches 4]
 

@@ -123,20 +123,20 @@ def test_a_worker_killed_with_sigkill_has_its_trial_retried_from_its_checkpoint(
     assert retry.state.name == "COMPLETE" and retry.params == dead.params
     assert sum(t.state.name == "COMPLETE" for t in study.trials) == 2, "every trial ran"
     by_id = {r.info.run_id: r for r in runs(store, "w")}
-    [dead_run] = [r for r in by_id.values() if r.data.tags.get("accel.role") == "trial"
-                  and r.data.tags["optuna.trial_number"] == str(number)]
-    assert dead_run.info.status == "FAILED"
-    assert by_id[dead_run.info.run_id].data.tags["optuna.trial_state"] == "FAIL"
+    [parent] = [r for r in by_id.values() if r.data.tags.get("accel.role") == "study"]
+    trial_runs = {int(r.data.tags["optuna.trial_number"]): r for r in by_id.values()
+                  if r.data.tags.get("accel.role") == "trial"}
+    assert sorted(trial_runs) == [t.number for t in study.trials]  # one run per trial
+    assert len(trial_runs) + 1 == len(by_id)
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id
+               for r in trial_runs.values())
+    dead_run = trial_runs[number]
+    assert dead_run.info.status == "FAILED" and dead_run.data.tags["optuna.trial_state"] == "FAIL"
     resumed = by_id[retry.user_attrs["mlflow_run_id"]]
     assert resumed.data.tags["accel.resumed_from"] == dead_run.info.run_id
     assert int(resumed.data.tags["accel.resumed_from_epoch"]) >= 1
-    assert statuses(store, "w")["study-w"] == "FINISHED"
-    assert "RUNNING" not in statuses(store, "w").values()
-    [parent] = [r for r in by_id.values() if r.data.tags.get("accel.role") == "study"]
-    trial_runs = [r for r in by_id.values() if r.data.tags.get("accel.role") == "trial"]
-    assert sorted(int(r.data.tags["optuna.trial_number"]) for r in trial_runs) == [
-        t.number for t in study.trials]
-    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in trial_runs)
+    assert parent.info.status == "FINISHED"
+    assert "RUNNING" not in {r.info.status for r in by_id.values()}
     assert len({t.user_attrs["accel.pid"] for t in study.trials}) >= 2, "both workers ran"
     died = re.search(r"worker (\d) died", err)  # the other one's trial lines reach stderr
     assert died and f"[worker {1 - int(died.group(1))}] trial " in err, err[-3000:]
