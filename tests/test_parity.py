@@ -411,3 +411,33 @@ def test_the_whitening_bias_starts_at_zero_and_the_rest_of_the_init_is_unchanged
     assert not built[True]["whiten.bias"].any()
     assert all(torch.equal(built[True][k], v) for k, v in built[False].items()
                if k != "whiten.bias")
+
+
+def airbench_triangle(steps: int, start: float, end: float, peak: float) -> torch.Tensor:
+    """airbench 0.1.8's utils.train triangle: the lr multiplier for step 0..steps."""
+    xp = torch.tensor([0, int(peak * steps), steps])
+    fp = torch.tensor([start, 1, end])
+    x = torch.arange(1 + steps)
+    m = (fp[1:] - fp[:-1]) / (xp[1:] - xp[:-1])
+    b = fp[:-1] - (m * xp[:-1])
+    indices = torch.clamp(torch.sum(torch.ge(x[:, None], xp[None, :]), 1) - 1, 0, len(m) - 1)
+    return m[indices] * x + b[indices]
+
+
+@pytest.mark.parametrize("epochs", [1, 4, 10])
+def test_the_peers_schedule_is_airbenchs_triangle_at_any_length(epochs):
+    """At `epochs` whole epochs of airbench's 48 updates (50,000 images, batch 1024, the last
+    short batch dropped) accel at the peer's overrides follows airbench's triangle laid over the
+    same updates: the peak at the same update or one before (accel's warm-up counts the update
+    it schedules), every multiplier within one warm-up step of airbench's, and the same end."""
+    from accel.schedule import Schedule
+    from checks.gpu.peer import accel_overrides
+
+    t = config.load(RECIPE, accel_overrides(epochs)).train
+    total = 48 * epochs
+    theirs = airbench_triangle(total, 0.2, 0.07, 0.23)[:total]
+    ours = torch.tensor([Schedule(t, 48)(u) for u in range(total)])
+    step = 0.8 / int(0.23 * total)
+    assert 0 <= int(theirs.argmax()) - int(ours.argmax()) <= 1
+    assert (ours - theirs).abs().max() <= step + 1e-6
+    assert ours[-1] == pytest.approx(float(theirs[-1]), abs=1e-6)

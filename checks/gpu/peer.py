@@ -127,6 +127,7 @@ def hyperparameters() -> dict:
 # average back every 5 updates with decay 0.95^5 (t / T)^3 and ends on it (what is scored: the
 # network, no separate moving average); its BatchNorms have eps 1e-12, momentum 0.6 (0.4 in
 # PyTorch's sense), its whitening bias starts at zero, and its logits are scaled by 1/9.
+AIRBENCH_PEAK = 0.23  # utils.train: triangle(total_train_steps, start=0.2, end=0.07, peak=0.23)
 AIRBENCH_OVERRIDES = ("train.batch_size=1024", "train.epochs=10", "train.lr=1.5",
                       "train.momentum=0.85", "train.weight_decay=1.3305e-3",
                       "train.warmup_epochs=2.3", "train.lr_start=0.2", "train.lr_end=0.07",
@@ -138,22 +139,28 @@ AIRBENCH_OVERRIDES = ("train.batch_size=1024", "train.epochs=10", "train.lr=1.5"
                       "model.head_scale=0.1111111111111111")
 
 
-def accel_overrides() -> list[str]:
-    """AIRBENCH_OVERRIDES, with the recipe's wall-clock budget (train.budget_s, where this
-    checkout has it) off: airbench trains a fixed number of updates."""
+def accel_overrides(epochs: int = 10) -> list[str]:
+    """AIRBENCH_OVERRIDES for a run of `epochs` whole epochs, with the recipe's wall-clock
+    budget (train.budget_s, where this checkout has it) off: airbench trains a fixed number of
+    updates. airbench lays its triangle over however many epochs it trains (its peak at
+    AIRBENCH_PEAK of the updates); accel's `train.warmup_epochs` is a count of epochs, so it is
+    set to that share of `epochs` here. The whitening bias's hold stays at 3 epochs: airbench's
+    is a count of epochs too."""
     from accel.config import all_keys
 
-    return [*AIRBENCH_OVERRIDES, *(["train.budget_s=null"] if "train.budget_s" in all_keys()
-                                  else [])]
+    return [*AIRBENCH_OVERRIDES, f"train.epochs={epochs}",
+            f"train.warmup_epochs={round(AIRBENCH_PEAK * epochs, 6)}",
+            *(["train.budget_s=null"] if "train.budget_s" in all_keys() else [])]
 
 
 # What stays different, read from airbench's source (lib_airbench94.py, utils.py) against
 # accel's: printed with peer_airbench.py's table.
 DIFFERENCES = (
-    "epochs: accel trains whole epochs, 10 (480 updates); airbench 9.9 (476)",
-    "schedule: accel's warm-up multiplier for update u (from 0) is 0.2 + 0.8 (u + 1) / 110 (23% "
-    "of 480 updates), at the peak for updates 109 and 110; airbench's triangle is 0.2 + 0.8 u / "
-    "109 (23% of 476), one update behind, at the peak for update 109 alone",
+    "epochs: accel trains whole epochs, by default 10 (480 updates) for airbench's 9.9 (476); "
+    "with --epochs N both train N (48 N updates)",
+    "schedule: accel's warm-up multiplier for update u (from 0) is 0.2 + 0.8 (u + 1) / W, W = 23% "
+    "of its updates (110 of 480), at the peak for updates W - 1 and W; airbench's triangle is "
+    "0.2 + 0.8 u / W' (W' = int(0.23 x its updates), 109 of 476), at most one update behind",
     "Lookahead start: airbench's average is taken before its whitening layer is fitted, so its "
     "first write-back (update 5, decay 9e-7) keeps 9e-7 of the unfitted whitening weights (below "
     "fp16's resolution on a GPU); accel's average starts from the fitted layer",

@@ -38,9 +38,10 @@ def accel_run(root: Path, seed: int, amp: str, epochs: int, train_limit: int | N
     from checks.gpu.cifar import peer_tree
     from checks.gpu.peer import accel_overrides
 
-    cfg = config.load(RECIPE, [*accel_overrides(), f"data.root={peer_tree(root, train_limit)}",
-                               "train.device=cpu", f"train.amp={amp}", "data.val_fraction=0",
-                               "train.target={}", f"train.epochs={epochs}", f"train.seed={seed}"])
+    data = peer_tree(root, train_limit)
+    cfg = config.load(RECIPE, [*accel_overrides(epochs), f"data.root={data}", "train.device=cpu",
+                               f"train.amp={amp}", "data.val_fraction=0", "train.target={}",
+                               f"train.seed={seed}"])
     result = train(cfg, track=False)
     return {"test_acc": result.metrics["test_accuracy"],
             "seconds": result.costs["train_time_s"]}
