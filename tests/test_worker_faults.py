@@ -20,9 +20,12 @@ from tests.conftest import ROOT, new_store
 from tests.test_store_outages import ended as finish
 from tests.test_study_signals import kill_group, poll
 
-# Trials of 16 epochs, under a second each: a frozen worker that trained on after it came back
-# would log more of them, and the other worker's trial runs on past the freeze (2 epochs in) by
-# more than the grace period, so that its next trial begins by failing the frozen one as stale.
+# Trials of 16 epochs, each held to at least `EPOCH_S` (PACED): a frozen worker that trained on
+# after it came back would log more of them, and the other worker's trial runs on past the freeze
+# (2 epochs in) by more than the grace period on any machine, so that its next trial begins by
+# failing the frozen one as stale. Unpaced, a fast machine's epochs took under 0.2 s: the other
+# worker finished its trial and the next within the grace period, found no trial stale, and had
+# used up the study's slots, so nothing ever failed the frozen trial.
 STUDY = {
     "name": "frozen",
     "data": {"dataset": "digits", "num_workers": 0},
@@ -33,6 +36,23 @@ STUDY = {
                "space": {"train.lr": {"type": "float", "low": 1.0e-3, "high": 2.0e-3}}},
 }
 HEARTBEAT_S, GRACE_S = 1, 4
+EPOCH_S = 0.6  # 14 epochs after the freeze: 8.4 s, twice the grace period
+
+# Every process of the study: an epoch's report waits out the rest of `EPOCH_S` (a sleep: it
+# takes no core from the other worker), so the trials' length does not hang on the machine.
+PACED = f"""
+import time
+import optuna.trial
+
+_report, _last = optuna.trial.Trial.report, [time.monotonic()]
+
+def report(self, value, step):
+    time.sleep(max(0.0, {EPOCH_S} - (time.monotonic() - _last[0])))
+    _last[0] = time.monotonic()
+    return _report(self, value, step)
+
+optuna.trial.Trial.report = report
+"""
 
 
 def start(tmp_path: Path, storage: str, store: str, *args: str, study: dict | None = None,
@@ -44,10 +64,9 @@ def start(tmp_path: Path, storage: str, store: str, *args: str, study: dict | No
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ACCEL_"))}
     env.update(OMP_NUM_THREADS="1", ACCEL_HEARTBEAT_S=str(HEARTBEAT_S),
                ACCEL_GRACE_S=str(GRACE_S))
-    if patch:
-        (tmp_path / "site").mkdir()
-        (tmp_path / "site" / "sitecustomize.py").write_text(patch)
-        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(ROOT)])
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(PACED + patch)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(ROOT)])
     log = (tmp_path / "tune.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "accel", "tune", str(config), "--storage",
                              storage, "--tracking-uri", store, *args], cwd=ROOT, env=env,
