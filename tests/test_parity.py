@@ -441,3 +441,27 @@ def test_the_peers_schedule_is_airbenchs_triangle_at_any_length(epochs):
     assert 0 <= int(theirs.argmax()) - int(ours.argmax()) <= 1
     assert (ours - theirs).abs().max() <= step + 1e-6
     assert ours[-1] == pytest.approx(float(theirs[-1]), abs=1e-6)
+
+
+def test_the_peer_comparison_prints_each_seed_and_the_paired_intervals(capsys):
+    """checks.gpu.peer_airbench's tables: a row per seed with accel - airbench94, and with
+    --muon Muon - parity, each mean with its paired Student-t interval over the seeds (t at 2
+    degrees of freedom, 4.303, times the differences' standard error)."""
+    import argparse
+
+    from checks.gpu import peer_airbench
+
+    rows = [{"seed": s, "air": {"test_acc": a, "seconds": 10.0},
+             "accel": {"test_acc": b, "seconds": 5.0}, "muon": {"test_acc": m, "seconds": 6.0}}
+            for s, (a, b, m) in enumerate([(0.87, 0.86, 0.88), (0.88, 0.88, 0.89),
+                                           (0.86, 0.87, 0.90)])]
+    peer_airbench.report(rows, argparse.Namespace(airbench_epochs=4.0, epochs=4, amp="bf16"))
+    out = capsys.readouterr().out
+    assert "| 0 | 0.8700 | 0.8600 | -0.0100 | 10 | 5 |" in out
+    assert "| 2 | 0.8700 | 0.9000 | +0.0300 | 5 | 6 |" in out
+    # accel - airbench94: -0.01, 0, +0.01 -> mean 0, sd 0.01; Muon - parity: 0.02, 0.01, 0.03
+    half = 4.302653 * 0.01 / 3 ** 0.5
+    assert f"accel - airbench94: +0.0000 (paired 95% interval {-half:+.4f} .. {half:+.4f}, " \
+           "3 seeds)" in out
+    assert f"Muon - parity: +0.0200 (paired 95% interval {0.02 - half:+.4f} .. " \
+           f"{0.02 + half:+.4f}, 3 seeds)" in out

@@ -10,11 +10,17 @@ Per seed: each side's test accuracy and training seconds; then the mean differen
 airbench94 with its paired 95% Student-t interval (accel.verify.stats). What stays different
 between the two is listed in checks/gpu/peer.py and printed with the table.
 
+With `--muon` each seed also trains accel at the same settings but for the optimizer
+(`MUON`: airbench94_muon's Muon on the filters, Nesterov SGD for the rest, accel/muon.py),
+and a second table gives Muon - the parity recipe, paired by seed.
+
     make gpu-wheels                                  # builds the airbench wheel into .gpu/wheels
     python -m checks.gpu.peer_airbench --seeds 3     # the full comparison: about an hour on an
                                                      # idle 2-core machine
     python -m checks.gpu.peer_airbench --seeds 2 --epochs 1 --train-limit 2048
                                                      # a rehearsal (minutes)
+    python -m checks.gpu.peer_airbench --seeds 3 --epochs 4 --muon
+                                                     # and Muon beside the parity recipe
 """
 
 from __future__ import annotations
@@ -28,11 +34,18 @@ from pathlib import Path
 from checks.common import ROOT
 
 RECIPE = ROOT / "experiments" / "cifar10_fast.yaml"
+# airbench94_muon's optimizer (experiments/cifar10_fast_muon.yaml), all else the parity recipe's:
+# the two arms differ in the optimizer alone. Newton-Schulz in fp32: bf16 is emulated on some CPUs.
+MUON = ("train.optimizer=muon", "train.muon_lr=0.24", "train.muon_momentum=0.6",
+        "train.muon_ns_steps=3", "train.muon_ns_dtype=fp32", "train.muon_renorm=true",
+        "train.muon_rest=nesterov")
 
 
-def accel_run(root: Path, seed: int, amp: str, epochs: int, train_limit: int | None) -> dict:
-    """accel's recipe at airbench's hyperparameters on the training images airbench gets (all,
-    or the same `train_limit`), none held out (checks.gpu.cifar.peer_tree), untracked."""
+def accel_run(root: Path, seed: int, amp: str, epochs: int, train_limit: int | None,
+              extra: tuple[str, ...] = ()) -> dict:
+    """accel's recipe at airbench's hyperparameters (then `extra`) on the training images
+    airbench gets (all, or the same `train_limit`), none held out (checks.gpu.cifar.peer_tree),
+    untracked."""
     from accel import config
     from accel.train import train
     from checks.gpu.cifar import peer_tree
@@ -41,7 +54,7 @@ def accel_run(root: Path, seed: int, amp: str, epochs: int, train_limit: int | N
     data = peer_tree(root, train_limit)
     cfg = config.load(RECIPE, [*accel_overrides(epochs), f"data.root={data}", "train.device=cpu",
                                f"train.amp={amp}", "data.val_fraction=0", "train.target={}",
-                               f"train.seed={seed}"])
+                               f"train.seed={seed}", *extra])
     result = train(cfg, track=False)
     return {"test_acc": result.metrics["test_accuracy"],
             "seconds": result.costs["train_time_s"]}
@@ -74,9 +87,28 @@ def report(rows: list[dict], args) -> None:
               f"{d.high:+.4f}, {len(rows)} seeds)")
     else:
         print("accel - airbench94: one seed, no interval (use --seeds 3)")
-    print("\nWhat stays different:")
+    if "muon" in rows[0]:
+        muon_table(rows)
+    print("\nWhat stays different from airbench94:")
     for line in peer.DIFFERENCES:
         print(f"- {line}")
+
+
+def muon_table(rows: list[dict]) -> None:
+    from accel.verify.stats import paired_difference
+
+    print("\nMuon (airbench94_muon's optimizer) against the parity recipe, equal epochs\n")
+    print("| seed | parity test | Muon test | Muon - parity | parity s | Muon s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['seed']} | {r['accel']['test_acc']:.4f} | {r['muon']['test_acc']:.4f} | "
+              f"{r['muon']['test_acc'] - r['accel']['test_acc']:+.4f} | "
+              f"{r['accel']['seconds']:.0f} | {r['muon']['seconds']:.0f} |")
+    if len(rows) >= 2:
+        d = paired_difference([r["muon"]["test_acc"] for r in rows],
+                              [r["accel"]["test_acc"] for r in rows])
+        print(f"\nMuon - parity: {d.mean:+.4f} (paired 95% interval {d.low:+.4f} .. "
+              f"{d.high:+.4f}, {len(rows)} seeds)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--airbench-epochs", type=float, default=None,
                     help="airbench's (default: its own 9.9; with --epochs set lower, that)")
     ap.add_argument("--train-limit", type=int, default=None, help="training images (all)")
+    ap.add_argument("--muon", action="store_true",
+                    help="also train accel with Muon (MUON) each seed, and compare")
     args = ap.parse_args(argv)
     if args.airbench_epochs is None:
         args.airbench_epochs = 9.9 if args.epochs == 10 else float(args.epochs)
@@ -103,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         air = airbench_run(data, seed, args.amp, args.airbench_epochs)
         ours = accel_run(root, seed, args.amp, args.epochs, args.train_limit)
         rows.append({"seed": seed, "air": air, "accel": ours})
-        print(f"seed {seed}: airbench94 {air['test_acc']:.4f}, accel {ours['test_acc']:.4f} "
+        if args.muon:
+            rows[-1]["muon"] = accel_run(root, seed, args.amp, args.epochs, args.train_limit, MUON)
+        muon = f", Muon {rows[-1]['muon']['test_acc']:.4f}" if args.muon else ""
+        print(f"seed {seed}: airbench94 {air['test_acc']:.4f}, accel {ours['test_acc']:.4f}{muon} "
               f"({time.perf_counter() - began:.0f} s)", file=sys.stderr, flush=True)
     report(rows, args)
     return 0
