@@ -57,8 +57,8 @@ optuna.trial.Trial.report = report
 
 def start(tmp_path: Path, storage: str, store: str, *args: str, study: dict | None = None,
           patch: str = "") -> subprocess.Popen:
-    """`accel tune` in its own session; `patch`: Python run first in every process of it (the
-    spawned workers too), through a sitecustomize module."""
+    """`accel tune` in its own session, its epochs paced (PACED); `patch`: more Python run first
+    in every process of it (the spawned workers too), through the same sitecustomize module."""
     config = tmp_path / "study.yaml"
     config.write_text(yaml.safe_dump(study or STUDY))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ACCEL_"))}
