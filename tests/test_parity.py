@@ -465,3 +465,24 @@ def test_the_peer_comparison_prints_each_seed_and_the_paired_intervals(capsys):
            "3 seeds)" in out
     assert f"Muon - parity: +0.0200 (paired 95% interval {0.02 - half:+.4f} .. " \
            f"{0.02 + half:+.4f}, 3 seeds)" in out
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_airbench_on_the_cpu_sees_each_update_in_its_next_forward(amp):
+    """checks.gpu.peer runs airbench's whole training loop inside one context; in bf16 that is
+    one autocast region, whose cache of the weights' bf16 copies would feed every forward the
+    weights of the first one (the one 4-epoch bf16 run so made scored 19.7%). An update
+    between two forwards, as the optimizer makes it, must change the second's output."""
+    from types import SimpleNamespace
+
+    from checks.gpu import peer
+
+    stand_in = SimpleNamespace(utils=SimpleNamespace(CifarLoader=None, init_whitening_conv=None))
+    layer = nn.Linear(8, 8)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    with peer._cpu(stand_in, amp):
+        before = layer(x).float()
+        with torch.no_grad():
+            layer.weight.mul_(2.0)
+        after = layer(x).float()
+    assert (after - before).abs().max() > 0.1

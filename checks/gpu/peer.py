@@ -4,10 +4,10 @@ The package trains on CUDA only: `make_net94` ends in `.half().cuda()`, `train` 
 events and reads its test set from `./cifar10/test.pt` on GPU 0. On a GPU the check calls the
 package untouched (`train94`, cwd beside `cifar10/`). On a CPU `train_on` runs the package's
 same `train` function with four things moved: the network stays fp32 on the CPU (bf16 by
-autocast where asked: the CPU has no fast fp16), its loaders read their tensors to the CPU as
-fp32, CUDA events become a wall clock, and the whitening layer's covariance stays fp32 under
-autocast. The training itself (data order, augmentation, optimizer, schedule, Lookahead,
-whitening, TTA) is airbench's own code.
+autocast where asked, without autocast's weight cache: the CPU has no fast fp16), its loaders
+read their tensors to the CPU as fp32, CUDA events become a wall clock, and the whitening layer's
+covariance stays fp32 under autocast. The training itself (data order, augmentation, optimizer,
+schedule, Lookahead, whitening, TTA) is airbench's own code.
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ def _cpu(ab, amp: str):
         for target, name, value in moved:
             stack.enter_context(mock.patch.object(target, name, value))
         if amp == "bf16":
-            stack.enter_context(torch.autocast("cpu", torch.bfloat16))
+            # One autocast region spans airbench's whole training loop, so its cache of the
+            # weights' bf16 copies is off: with it, every forward would reuse the copies cast at
+            # the first one and the network would train blind to its own updates.
+            stack.enter_context(torch.autocast("cpu", torch.bfloat16, cache_enabled=False))
         yield loader
 
 
