@@ -132,6 +132,7 @@ def test_dry_run_runs_every_step_on_cpu_and_reports_real_numbers(tmp_path):
     assert float(fast["airbench94"]["training s"]) > 0 and float(fast["accel"]["training s"]) > 0
     assert 0 <= float(fast["airbench94"]["test acc"]) <= 1
     assert float(fast["accel"]["time to target s"]) > 0  # digits reach 0.5 in 2 epochs
+    assert float(fast["accel muon"]["training s"]) > 0  # the Muon arm, within the budget
     syncs = {r["amp"]: r for r in table(report, "amp")}
     assert syncs["off"]["step: host reads / update"] == "0.0" == syncs["bf16"][
         "step: host reads / update"]
@@ -197,3 +198,25 @@ def test_a_failed_paper_row_is_a_result_and_a_model_without_numbers_fails_the_st
     assert "| TF32 | 100 | 90–110 |" in done.section and "OutOfMemoryError" in done.section
     none = summaries.paper("\n".join(lines[:2] + [row("c", "TF32", error="boom")]), {})
     assert not none.ok
+
+
+def test_the_fast_step_says_what_muon_did_or_that_it_did_not_run():
+    """The fast step's key numbers: airbench94's seconds, accel's time to target and test
+    accuracy, then the Muon arm's (side `accel muon`), or that the budget left it out."""
+    import json
+
+    from checks.gpu.records import MARK
+
+    def row(side, seed, seconds, test_acc, hit=None):
+        return MARK + json.dumps({"step": "fast", "side": side, "seed": seed, "seconds": seconds,
+                                  "test_acc": test_acc, "time_to_target_s": hit})
+
+    lines = [row("airbench94", 0, 4.0, 0.94), row("airbench94", 1, 4.2, 0.94),
+             row("accel", 0, 5.0, 0.941, 4.5), row("accel", 1, 5.1, 0.939, 4.7)]
+    without = summaries.fast("\n".join(lines), {})
+    assert without.ok and without.numbers.endswith("; no Muon run within the budget")
+    assert "accel 4.6 s to target (1.12x airbench94's time)" in without.numbers
+    muon = lines + [row("accel muon", 0, 3.5, 0.942, 3.1), row("accel muon", 1, 3.6, 0.938)]
+    done = summaries.fast("\n".join(muon), {})
+    assert done.numbers.endswith("; Muon 3.1 s to target, 0.9400 test")
+    assert "| accel muon | 1 | 3.60 | 0.9380 | – |" in done.section

@@ -2,7 +2,10 @@
 fast recipe set to airbench's hyperparameters (checks.gpu.peer), same GPU, same JPEG pixels, same
 process. airbench trains on all 50,000 images and is scored on the test set (its TTA); accel
 holds 10% out to watch its val accuracy reach the target (time_to_target_s: training seconds,
-evaluation excluded), tracked in MLflow as any run, and is scored on the same test set.
+evaluation excluded), tracked in MLflow as any run, and is scored on the same test set. Then,
+while the budget lasts, the same settings with airbench94_muon's optimizer (side `accel muon`:
+checks.gpu.peer_airbench.MUON, Newton-Schulz in bf16 on the GPU), the recipe that led the
+parity recipe at equal epochs on the CPU (docs/results.md).
 
     python -m checks.gpu.fast --target 0.94         # on the GPU (`make gpu-check`)
     python -m checks.gpu.fast --dry-run             # on the CPU: one update of each, digits
@@ -60,17 +63,25 @@ def accel_warm_up(data_root: Path) -> None:
                                "train.epoch_length=20"]), track=False)
 
 
-def accel_run(seed: int, target: float, dry: bool, data_root: Path) -> None:
+def muon_overrides(dry: bool) -> tuple[str, ...]:
+    """airbench94_muon's optimizer on the parity settings; its Newton-Schulz in bf16 on a GPU."""
+    from checks.gpu.peer_airbench import MUON
+
+    return MUON if dry else (*MUON, "train.muon_ns_dtype=bf16")
+
+
+def accel_run(seed: int, target: float, dry: bool, data_root: Path, side: str = "accel",
+              extra: tuple[str, ...] = ()) -> None:
     from accel import config
     from accel.train import train
     from accel.train.epochs import time_to_target
 
     cfg = config.load(RECIPE, [*_accel_overrides(dry, data_root), f"train.seed={seed}",
                                "train.stop_at_target=true",
-                               f"train.target={{metric: val_accuracy, value: {target}}}"])
-    result = train(cfg, run_name=f"fast seed {seed}", tags={"accel.gpu_check": "fast"})
+                               f"train.target={{metric: val_accuracy, value: {target}}}", *extra])
+    result = train(cfg, run_name=f"fast {side} seed {seed}", tags={"accel.gpu_check": "fast"})
     hit = time_to_target(cfg.train.target, result.history)
-    emit(step="fast", side="accel", seed=seed, seconds=result.costs["train_time_s"],
+    emit(step="fast", side=side, seed=seed, seconds=result.costs["train_time_s"],
          test_acc=result.metrics.get("test_accuracy", float("nan")),
          time_to_target_s=hit[0] if hit else None,
          notes=f"{result.epochs} epochs, run {result.run_id}, batch {cfg.train.batch_size}, "
@@ -109,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         accel_run(seed, args.target, args.dry_run, root)
         if args.dry_run:
             break
+    for seed in range(1 if args.dry_run else args.seeds):  # the Muon arm: only within the budget
+        if time.monotonic() > deadline:
+            break
+        accel_run(seed, args.target, args.dry_run, root, "accel muon",
+                  muon_overrides(args.dry_run))
     return 0
 
 

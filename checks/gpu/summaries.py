@@ -148,7 +148,8 @@ def ratio_text(a, b, fmt: str = ".2f") -> str:
 
 
 def fast(text: str, env: dict) -> Summary:
-    """airbench94's runs and accel's, side by side: seconds, test accuracy, time to target."""
+    """airbench94's runs and accel's (SGD, then Muon), side by side: seconds, test accuracy,
+    time to target."""
     rows = [r for r in read(text) if r.get("step") == "fast"]
     air = [r for r in rows if r["side"] == "airbench94"]
     ours = [r for r in rows if r["side"] == "accel"]
@@ -167,6 +168,12 @@ def fast(text: str, env: dict) -> Summary:
                          f"({statistics.median(reached) / a:.2f}x airbench94's time)"
                          if reached else "did not reach the target")
             + f", {statistics.mean(r['test_acc'] for r in ours):.4f} test")
+    muon = [r for r in rows if r["side"] == "accel muon"]
+    reached = [r["time_to_target_s"] for r in muon if r.get("time_to_target_s")]
+    cell += ("; no Muon run within the budget" if not muon else
+             "; Muon " + (f"{statistics.median(reached):.1f} s to target" if reached else
+                          "did not reach the target")
+             + f", {statistics.mean(r['test_acc'] for r in muon):.4f} test")
     return Summary(True, cell, "\n".join(lines))
 
 
