@@ -162,19 +162,23 @@ def fast(text: str, env: dict) -> Summary:
         return Summary(False, f"{len(air)} airbench94 run(s), {len(ours)} accel run(s)",
                        "\n".join(lines))
     a = statistics.median(r["seconds"] for r in air)
-    reached = [r["time_to_target_s"] for r in ours if r.get("time_to_target_s")]
-    cell = (f"airbench94 {a:.2f} s, {statistics.mean(r['test_acc'] for r in air):.4f} test; "
-            f"accel " + (f"{statistics.median(reached):.1f} s to target "
-                         f"({statistics.median(reached) / a:.2f}x airbench94's time)"
-                         if reached else "did not reach the target")
-            + f", {statistics.mean(r['test_acc'] for r in ours):.4f} test")
     muon = [r for r in rows if r["side"] == "accel muon"]
-    reached = [r["time_to_target_s"] for r in muon if r.get("time_to_target_s")]
-    cell += ("; no Muon run within the budget" if not muon else
-             "; Muon " + (f"{statistics.median(reached):.1f} s to target" if reached else
-                          "did not reach the target")
-             + f", {statistics.mean(r['test_acc'] for r in muon):.4f} test")
+    cell = (f"airbench94 {a:.2f} s, {statistics.mean(r['test_acc'] for r in air):.4f} test; "
+            f"accel {reach(ours, a)}"
+            + (f"; Muon {reach(muon)}" if muon else "; no Muon run within the budget"))
     return Summary(True, cell, "\n".join(lines))
+
+
+def reach(runs: list[dict], airbench_s: float | None = None) -> str:
+    """`4.6 s to target (1.12x airbench94's time), 0.9400 test`: the median time to target
+    (its ratio to airbench94's median seconds where given) and the mean test accuracy."""
+    reached = [r["time_to_target_s"] for r in runs if r.get("time_to_target_s")]
+    said = "did not reach the target"
+    if reached:
+        said = f"{statistics.median(reached):.1f} s to target"
+        if airbench_s:
+            said += f" ({statistics.median(reached) / airbench_s:.2f}x airbench94's time)"
+    return f"{said}, {statistics.mean(r['test_acc'] for r in runs):.4f} test"
 
 
 def fmt(value) -> str:
