@@ -58,6 +58,7 @@ class DataConfig:
     # random: each image mirrored with probability 1/2 in each pass; alternating (airbench, with
     # data.on_device): a random first choice per image, then mirrored in every other pass
     flip: str = "random"
+    color_jitter: float = 0.0  # hiverge's brightness/contrast jitter, on device (accel.resident)
     train_limit: int | None = None  # use only the first N training images (quick experiments)
     # score the test split on N of its images (smoke runs, ablations): the same N in every run,
     # drawn with a fixed seed across all classes (a split sorted by class would give one class)

@@ -92,11 +92,6 @@ def check(cfg: Any) -> None:
     if m.whiten and d.dataset != "digits" and not (d.in_memory or d.on_device):
         raise ConfigError(f"model.whiten={m.whiten} reads the training images from memory: set "
                           "data.in_memory=true or data.on_device=true")
-    _require("data.translate", d.translate, d.translate is None or d.translate >= 0,
-             "must be >= 0 or null (side // 8)")
-    if d.flip == "alternating" and not d.on_device:
-        raise ConfigError("data.flip=alternating is drawn by the resident loader: set "
-                          "data.on_device=true")
     _require("model.whiten_images", m.whiten_images, m.whiten_images >= 1, "must be >= 1")
     _require("train.whiten_bias_epochs", t.whiten_bias_epochs,
              t.whiten_bias_epochs is None or t.whiten_bias_epochs >= 0, "must be >= 0 or null")
@@ -130,6 +125,15 @@ def _check_data(d: Any) -> None:
     _require("data.num_workers", d.num_workers, d.num_workers >= 0, "must be >= 0")
     for key, limit in (("data.train_limit", d.train_limit), ("data.test_limit", d.test_limit)):
         _require(key, limit, limit is None or limit >= 1, "must be >= 1 or null")
+    _require("data.translate", d.translate, d.translate is None or d.translate >= 0,
+             "must be >= 0 or null (side // 8)")
+    if d.flip == "alternating" and not d.on_device:
+        raise ConfigError("data.flip=alternating is drawn by the resident loader: set "
+                          "data.on_device=true")
+    _require("data.color_jitter", d.color_jitter, 0 <= d.color_jitter < 1, "must be in [0, 1)")
+    if d.color_jitter and not d.on_device:
+        raise ConfigError(f"data.color_jitter={d.color_jitter} is drawn by the resident loader: "
+                          "set data.on_device=true")
 
 
 def _compile_mode(t: Any) -> Any:

@@ -384,7 +384,8 @@ def _resident(cfg: Config, device: torch.device, train_ds, val_ds, test_ds, clas
     evaluation = max(batch, 256)
     return Data(
         train=resident_loader(train_ds, device, batch_size=batch, train=True, seed=seed,
-                              flip=cfg.data.flip, padding=cfg.data.padding),
+                              flip=cfg.data.flip, padding=cfg.data.padding,
+                              jitter=cfg.data.color_jitter),
         val=resident_loader(val_ds, device, batch_size=evaluation, train=False),
         test=(resident_loader(test_ds, device, batch_size=evaluation, train=False)
               if test_ds is not None else None),

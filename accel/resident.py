@@ -28,6 +28,10 @@ class ResidentLoader:
     `pad > 0` augments: a random crop of the padded image (`padding`) and a horizontal flip, random
     per pass (`flip="random"`) or, `"alternating"` (airbench), drawn once per image and then
     reversed every other pass (`passes` counts them; a checkpoint keeps the count).
+    `jitter > 0` (hiverge's cifar10-speedrun) shifts each normalised training image by a
+    brightness offset drawn from U(-jitter, jitter), then scales it by a contrast factor from
+    1 + U(-jitter, jitter), both drawn per image and pass after the crops and flips, so a run
+    without it draws exactly what it drew before the option existed.
     `rank` of `world` takes positions rank, rank + world, ... of each global batch."""
 
     pin_memory = False  # nothing to copy: the batches are made where the model is
@@ -35,7 +39,9 @@ class ResidentLoader:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, dataset, batch_size: int,
                  device: torch.device, mean=None, std=None, pad: int = 0, shuffle: bool = False,
                  drop_last: bool = False, generator: torch.Generator | None = None,
-                 rank: int = 0, world: int = 1, flip: str = "random", padding: str = "zeros"):
+                 rank: int = 0, world: int = 1, flip: str = "random", padding: str = "zeros",
+                 jitter: float = 0.0):
+        self.jitter = jitter
         self.images, self.labels = images.to(device), labels.to(device)
         self.rank, self.world = rank, world
         self.passes = 0
@@ -55,23 +61,27 @@ class ResidentLoader:
         n, b = len(self.labels), self.batch_size * self.world
         return n // b if self.drop_last else -(-n // b)
 
-    def draws(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """One pass's randomness, all drawn up front: order, crop offsets [N, 2], flips [N]."""
+    def draws(self) -> tuple[torch.Tensor, ...]:
+        """One pass's randomness, all drawn up front: order, crop offsets [N, 2], flips [N] and
+        tones [N, 2] (brightness offset, contrast factor); None for what the loader does not do."""
         n, g = len(self.labels), self.generator
         order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
-        if not self.pad:
-            return order, None, None
-        offsets = torch.randint(0, 2 * self.pad + 1, (n, 2), generator=g)
-        if self.first_flips is not None:
-            flips = self.first_flips ^ bool(self.passes % 2)
-        else:
-            flips = torch.rand(n, generator=g) < 0.5
-        self.passes += 1
-        return order, offsets, flips
+        offsets = flips = tones = None
+        if self.pad:
+            offsets = torch.randint(0, 2 * self.pad + 1, (n, 2), generator=g)
+            if self.first_flips is not None:
+                flips = self.first_flips ^ bool(self.passes % 2)
+            else:
+                flips = torch.rand(n, generator=g) < 0.5
+            self.passes += 1
+        if self.jitter:
+            tones = (torch.rand(n, 2, generator=g) * 2 - 1) * self.jitter
+            tones[:, 1] += 1
+        return order, offsets, flips, tones
 
     def __iter__(self):
-        order, offsets, flips = (t.to(self.device) if t is not None else None
-                                 for t in self.draws())
+        order, offsets, flips, tones = (t.to(self.device) if t is not None else None
+                                        for t in self.draws())
         step = self.batch_size * self.world  # one update's images, all ranks together
         for i in range(len(self)):
             idx = order[i * step:(i + 1) * step][self.rank::self.world]
@@ -80,6 +90,9 @@ class ResidentLoader:
                 x = crop_flip(x, self.pad, offsets[idx], flips[idx], self.padding)
             if self.shift is not None:
                 x = (x.float() - self.shift) / self.scale
+            if tones is not None:
+                tone = tones[idx].to(x.dtype)[:, :, None, None]
+                x = (x + tone[:, :1]) * tone[:, 1:]
             yield x, self.labels[idx]
 
 
@@ -151,7 +164,8 @@ def resize_split(images: torch.Tensor, size: int, chunk: int = RESIZE_CHUNK) -> 
 
 
 def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
-                    seed: int = 0, flip: str = "random", padding: str = "zeros") -> ResidentLoader:
+                    seed: int = 0, flip: str = "random", padding: str = "zeros",
+                    jitter: float = 0.0) -> ResidentLoader:
     """A split of `accel.data` as a `ResidentLoader`; training: shuffled, augmented, seeded.
     Several ranks: training shares each global batch out, evaluation takes every world-th image."""
     from accel import ranks
@@ -172,5 +186,5 @@ def resident_loader(ds, device: torch.device, *, batch_size: int, train: bool,
         shuffle=train, drop_last=train and len(labels) > batch_size,
         generator=torch.Generator().manual_seed(seed) if train else None,
         rank=rank if train else 0, world=world if train else 1, flip=flip, padding=padding,
-        **spec,
+        jitter=jitter if train else 0.0, **spec,
     )

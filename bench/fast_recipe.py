@@ -14,6 +14,8 @@
     python bench/fast_recipe.py                 # both parts (over an hour on 2 cores)
     python bench/fast_recipe.py --skip-ingredients
     python bench/fast_recipe.py --skip-recipe --rounds 3
+    python bench/fast_recipe.py --skip-recipe --only jitter \
+        --recipe experiments/cifar10_fast_muon.yaml
 
 Runs are in this process and untracked (`track=False`): the numbers are the runs' own histories.
 """
@@ -45,14 +47,15 @@ VARIANTS = {
     "- bf16 autocast (fp32)": ["train.amp=off"],
     "- logits scaled by 1/9 (1)": ["model.head_scale=1"],
     "- triangle schedule's ends (from and to 0)": ["train.lr_start=0", "train.lr_end=0"],
+    "+ colour jitter 0.15 (hiverge)": ["data.color_jitter=0.15"],
 }
 
 
-def run(overrides: list[str]):
+def run(recipe: Path, overrides: list[str]):
     from accel import config
     from accel.train import train
 
-    cfg = config.load(RECIPE, overrides)
+    cfg = config.load(recipe, overrides)
     began = time.perf_counter()
     result = train(cfg, track=False)
     return result, time.perf_counter() - began
@@ -67,8 +70,8 @@ def curve(result) -> list[tuple[int, float, float]]:
     return out
 
 
-def recipe_part(extra: list[str], png: Path) -> None:
-    result, wall = run(extra)
+def recipe_part(recipe: Path, extra: list[str], png: Path) -> None:
+    result, wall = run(recipe, extra)
     points = curve(result)
     print("\n| epoch | training s | val accuracy |\n|---|---|---|")
     for epoch, seconds, acc in points:
@@ -105,14 +108,16 @@ def plot(points, test_accuracy, png: Path) -> None:
     print(f"curve: {png}")
 
 
-def ingredients_part(extra: list[str], rounds: int, seed: int) -> None:
-    """Every variant once per round, the order reversed every other round; round r trains with
-    `train.seed=seed + r` (its own split, initialisation and order), so the spread is seeds'."""
-    names = list(VARIANTS)
+def ingredients_part(recipe: Path, extra: list[str], rounds: int, seed: int,
+                     only: list[str]) -> None:
+    """Every variant (or the recipe and those whose names contain one of `only`) once per
+    round, the order reversed every other round; round r trains with `train.seed=seed + r` (its
+    own split, initialisation and order), so the spread is seeds'."""
+    names = [n for n in VARIANTS if n == "recipe" or not only or any(o in n for o in only)]
     seen: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            result, _ = run([*extra, *VARIANTS[name], f"train.seed={seed + r}"])
+            result, _ = run(recipe, [*extra, *VARIANTS[name], f"train.seed={seed + r}"])
             train_s = sum(row["epoch_time_s"] for row in result.history)
             seen[name].append((result.metrics.get("test_accuracy", float("nan")), train_s))
             print(f"r{r + 1} {name}: test {seen[name][-1][0]:.4f} training {train_s:.0f} s",
@@ -152,17 +157,27 @@ def main() -> None:
     ap.add_argument("--train-limit", type=int, default=20000, help="ingredient runs: images")
     ap.add_argument("--rounds", type=int, default=3, help="ingredient runs: seeds")
     ap.add_argument("--seed", type=int, default=0, help="ingredient runs: the first round's seed")
+    ap.add_argument("--recipe", type=Path, default=RECIPE, help="the experiment file")
+    ap.add_argument("--only", action="append", default=[], metavar="TEXT",
+                    help="ingredient runs: the recipe and the variants whose names contain TEXT "
+                         "(repeatable); all by default")
     ap.add_argument("--png", type=Path, default=ROOT / "docs" / "img" / "fast-recipe-cpu.png")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE for every run")
     args = ap.parse_args()
+    variants = [n for n in VARIANTS if n != "recipe"]
+    if args.only and not any(o in n for o in args.only for n in variants):
+        ap.error(f"--only {' '.join(args.only)}: no variant's name contains it; the variants: "
+                 + "; ".join(variants))
     from accel.tracking import cpu_name
 
-    print(f"machine: {cpu_name()}; {RECIPE.name}; overrides {args.overrides or 'none'}")
+    print(f"machine: {cpu_name()}; {args.recipe.name}; overrides {args.overrides or 'none'}")
     if not args.skip_recipe:
-        recipe_part(args.overrides, args.png)
+        recipe_part(args.recipe, args.overrides, args.png)
     if not args.skip_ingredients:
-        ingredients_part([*args.overrides, "train.budget_s=null", f"train.epochs={args.epochs}",
-                          f"data.train_limit={args.train_limit}"], args.rounds, args.seed)
+        ingredients_part(args.recipe, [*args.overrides, "train.budget_s=null",
+                                       f"train.epochs={args.epochs}",
+                                       f"data.train_limit={args.train_limit}"],
+                         args.rounds, args.seed, args.only)
 
 
 if __name__ == "__main__":

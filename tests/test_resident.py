@@ -4,6 +4,7 @@ resumable mid-pass. Run on CPU; on a GPU the same code runs with `device=cuda`."
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -325,3 +326,48 @@ def test_the_split_is_resized_a_chunk_at_a_time_to_the_same_bits(monkeypatch):
     chunked = resident.resize_split(images, 20, chunk=4)
     assert seen == [4, 4, 2]
     assert chunked.dtype == torch.uint8 and torch.equal(chunked, whole)
+
+
+def jittered(jitter: float, pad: int = 2) -> ResidentLoader:
+    n = 96
+    images = torch.randint(0, 256, (n, 3, 8, 8), generator=torch.Generator().manual_seed(1),
+                           dtype=torch.uint8)
+    return ResidentLoader(images, torch.arange(n), dataset=None, batch_size=32, device=CPU,
+                          mean=(0.5,) * 3, std=(0.25,) * 3, pad=pad, shuffle=True,
+                          generator=torch.Generator().manual_seed(7), jitter=jitter)
+
+
+@pytest.mark.parametrize("pad", [2, 0], ids=["augmented", "no-crop"])
+def test_color_jitter_shifts_then_scales_each_image_by_its_own_draw(pad):
+    """data.color_jitter (hiverge): image i of a pass is (x_i + b_i) * c_i, x_i its batch
+    without the jitter, b_i in [-j, j] and c_i in [1 - j, 1 + j] drawn for that image; the
+    order, crops and flips are the ones the loader draws without it (drawn first)."""
+    j = 0.15
+    plain, tones = list(jittered(0.0, pad)), jittered(j, pad).draws()[3]
+    assert tones.shape == (96, 2)
+    assert tones[:, 0].abs().max() <= j and (tones[:, 1] - 1).abs().max() <= j
+    assert tones[:, 0].std() > j / 4 and tones[:, 1].std() > j / 4  # drawn, not constant
+    for (x, y), (want, y_plain) in zip(jittered(j, pad), plain, strict=True):
+        assert torch.equal(y, y_plain)
+        b, c = tones[y, 0].view(-1, 1, 1, 1), tones[y, 1].view(-1, 1, 1, 1)
+        torch.testing.assert_close(x, (want + b) * c)
+        assert not torch.allclose(x, want)
+
+
+def test_color_jitter_draws_anew_each_pass_and_only_for_training(folder):
+    loader = jittered(0.15)
+    first, second = loader.draws()[3], loader.draws()[3]
+    assert not torch.allclose(first, second)
+    data = build_data(image_cfg(folder, "data.on_device=true", "data.color_jitter=0.15"), CPU)
+    assert data.train.jitter == 0.15 and data.val.jitter == 0 and data.test.jitter == 0
+
+
+@pytest.mark.parametrize("more, says", [
+    (["data.color_jitter=1.5", "data.on_device=true"], "data.color_jitter=1.5: must be in [0, 1)"),
+    (["data.color_jitter=0.1"], "data.color_jitter=0.1 is drawn by the resident loader"),
+])
+def test_color_jitter_outside_its_range_or_off_the_device_is_refused(folder, more, says):
+    from accel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        image_cfg(folder, *more)
