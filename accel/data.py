@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from accel import ranks, shared_data
+from accel import decoded, ranks, shared_data
 from accel.config import Config, ConfigError
 
 # Per-channel statistics of the training sets, in [0, 1] pixel units.
@@ -119,14 +119,15 @@ def _decode_all(kind: str, root: str, split: str, mode: str = "RGB"):
     ds = _raw_dataset(kind, root, split, transform=None, mode=mode)
     if hasattr(ds, "data"):  # CIFAR ships a decoded uint8 array [N, H, W, C]
         images = torch.from_numpy(ds.data)
-    else:
-        decoded = [torch.from_numpy(np.atleast_3d(np.array(ds.loader(path))))  # H, W, C
-                   for path, _ in ds.samples]
-        if len({img.shape for img in decoded}) > 1:
-            raise DataError(
-                f"data.in_memory=true needs images of one size; {root}/{split} mixes sizes"
-            )
-        images = torch.stack(decoded)
+    else:  # image files: decoded once per machine (accel.decoded)
+        def decode() -> np.ndarray:
+            frames = [np.atleast_3d(np.array(ds.loader(path))) for path, _ in ds.samples]
+            if len({img.shape for img in frames}) > 1:
+                raise DataError(
+                    f"data.in_memory=true needs images of one size; {root}/{split} mixes sizes")
+            return np.stack(frames)  # N, H, W, C
+
+        images = torch.from_numpy(decoded.load_or_decode(ds.samples, mode, decode))
     return images.permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets), ds
 
 

@@ -31,6 +31,12 @@ def cache_dir() -> Path:
     return Path(base) / "accel"
 
 
+def run_cache_dir() -> Path:
+    """Where runs keep what they compute once (the precision probe's answers, decoded image
+    folders): $ACCEL_CACHE_DIR, else ~/.cache/accel."""
+    return Path(os.environ.get("ACCEL_CACHE_DIR") or Path.home() / ".cache" / "accel")
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:

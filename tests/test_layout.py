@@ -26,7 +26,7 @@ LAYERS = {
     "accel.config_types": 1, "accel.ranks": 1,
     "accel.data": 2, "accel.models": 2, "accel.engine": 2, "accel.tracking": 2,
     "accel.shared_data": 2, "accel.resident": 2, "accel.schedule": 2, "accel.muon": 2,
-    "accel.param_groups": 2,
+    "accel.param_groups": 2, "accel.decoded": 2,
     "accel.train": 3,
     "accel.tune": 4, "accel.reproduce": 4, "accel.resume": 4, "accel.ablation": 4,
     "accel.registry": 4, "accel.evaluate": 4, "accel.verify": 4, "accel.report": 4,

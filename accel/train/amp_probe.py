@@ -180,8 +180,9 @@ def cache_key(model: torch.nn.Module, cfg, shape: tuple[int, ...]) -> str:
 
 
 def cache_path(name: str = CACHE) -> Path:
-    root = os.environ.get("ACCEL_CACHE_DIR") or Path.home() / ".cache" / "accel"
-    return Path(root) / name
+    from accel.shared_data import run_cache_dir
+
+    return run_cache_dir() / name
 
 
 def read_cache(name: str = CACHE) -> dict:
