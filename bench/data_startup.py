@@ -2,8 +2,8 @@
 (accel.decoded): a fresh interpreter builds the fast recipe's data as `accel train` does
 (`accel.data.build_data`: CIFAR-10's 60,000 JPEGs into memory, the split, the resident loaders)
 and exits. "decoded anew" gets an empty cache each round, "kept copy" the one its warm-up
-wrote; they alternate round by round (`time_rounds` of bench/common.py). Prints each one's wall time and
-the ratio kept / anew last.
+wrote; they alternate round by round (`time_rounds` of bench/common.py). Prints each one's wall
+time and the ratio kept / anew last.
 
     python -m accel.shared_data                  # the shared CIFAR-10, extracted once
     .venv/bin/python bench/data_startup.py [--rounds 3]
