@@ -81,6 +81,35 @@ def test_two_ranks_at_b_train_the_weights_one_process_trains_at_2b(accumulation,
     assert runs[0].data.params["effective_batch_size"] == str(16 * accumulation)
 
 
+def _done_then_aborting_teardown(leave: bool) -> None:
+    """A follower's last steps, whose interpreter teardown aborts, as a C++ thread still joinable
+    when it is destroyed does ('terminate called without an active exception')."""
+    import atexit
+    import os
+
+    from accel.train import launch
+
+    atexit.register(os.abort)
+    print("follower done", flush=False)
+    if leave:
+        launch.leave(0)
+
+
+@pytest.mark.parametrize("leave", [True, False])
+def test_a_follower_that_finished_is_not_failed_by_its_teardown(leave, capfd):
+    """A follower ends by launch.leave: its output flushed, the teardown skipped, exit code 0.
+    Left to the interpreter's exit, the same follower ends killed by SIGABRT, which rank 0 reads
+    as a failed rank (what CI saw once, after both ranks had trained)."""
+    import multiprocessing
+
+    follower = multiprocessing.get_context("spawn").Process(
+        target=_done_then_aborting_teardown, args=(leave,))
+    follower.start()
+    follower.join(timeout=120)
+    assert follower.exitcode == (0 if leave else -signal.SIGABRT)
+    assert "follower done" in capfd.readouterr().out
+
+
 def test_a_killed_rank_ends_the_run_failed_naming_it(tmp_path, capfd):
     """SIGKILL to rank 1 once an epoch is logged (rank 0 is this process, its follower a real
     one): rank 0 says which rank ended and how, in one line, exit 1, and the run is FAILED; no

@@ -24,6 +24,7 @@ import copy
 import os
 import signal
 import socket
+import sys
 
 import torch
 
@@ -179,16 +180,29 @@ def _follow(r: int, n: int, port: int, cfg: Config, resume, errors) -> None:
     # Tensors handed to a spawned process arrive in memory shared with rank 0 (torch's
     # pickling): the checkpoint's optimizer state would be stepped by both ranks. A copy each.
     resume = copy.deepcopy(resume)
+    code = 0
     try:
         train(cfg, track=False, resume=resume)
     except Stopped:
         pass
     except BaseException as e:
         errors.put((r, one_line(e)))
-        raise SystemExit(1) from None
+        code = 1
     finally:
         with contextlib.suppress(Exception):
             idist.finalize()
+    leave(code)
+
+
+def leave(code: int) -> None:
+    """End a follower now, its output flushed, without the interpreter's teardown: its work is
+    done and reported, and the C++ objects a run leaves (the process group's and the thread
+    pools' threads) can abort while they are destroyed ('terminate called without an active
+    exception'), which rank 0 would read as a rank that failed a finished run."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _die_with_parent() -> None:
