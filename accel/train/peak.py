@@ -36,7 +36,7 @@ VENDOR = (("H200", (989.4, 494.7, 66.9)), ("H100 PCIe", (756.0, 378.0, 51.2)),
 @dataclass
 class Peak:
     tflops: float  # what MFU divides by
-    how: str  # measured, cached or ACCEL_PEAK_TFLOPS
+    how: str  # measured, cached, achieved (a run outran the probes) or ACCEL_PEAK_TFLOPS
     matmul_tflops: float | None = None
     conv_tflops: float | None = None
     vendor_tflops: float | None = None  # the data sheet's figure, where the device is listed
@@ -52,11 +52,13 @@ class Peak:
 
 
 def peak(device: torch.device, dtype: torch.dtype | None, conv: tuple | None,
-         channels_last: bool = False, *, again: bool = False) -> Peak:
+         channels_last: bool = False, *, again: bool = False, at_least: float = 0.0) -> Peak:
     """The peak for a run on `device` in `dtype` (None: fp32), from ACCEL_PEAK_TFLOPS, the cache
     or the probe. `conv`: accel.flops.Count.heaviest_conv. `again`: probe even where the cache
     has an answer (a run went faster than it), and keep the higher of the two: a busy machine
-    can only make a probe read low."""
+    can only make a probe read low. `at_least`: a rate a run achieved here (TFLOPS); where
+    every probe reads below it, it is the highest rate known on this machine and so the peak
+    (how: "achieved"), cached for the runs after."""
     vendor = vendor_tflops(device, dtype)
     if os.environ.get(ENV):
         return Peak(_from_env(), ENV, vendor_tflops=vendor)
@@ -70,6 +72,8 @@ def peak(device: torch.device, dtype: torch.dtype | None, conv: tuple | None,
     if cached and cached["tflops"] > found.tflops:
         found = Peak(cached["tflops"], "cached", cached.get("matmul_tflops"),
                      cached.get("conv_tflops"), vendor)
+    if at_least > found.tflops:
+        found = Peak(at_least, "achieved", found.matmul_tflops, found.conv_tflops, vendor)
     write_cache(key, {"tflops": found.tflops, "matmul_tflops": found.matmul_tflops,
                       "conv_tflops": found.conv_tflops}, CACHE)
     return found

@@ -24,7 +24,7 @@ from accel.timing import split_row
 from accel.train import epochs
 from accel.train.budget import Budget
 from accel.train.loader import Batches
-from accel.train.peak import peak
+from accel.train.peak import ENV, peak
 from accel.train.run_log import RunLog
 
 if TYPE_CHECKING:
@@ -231,9 +231,12 @@ class Run:
                           now - self.epoch_started_at)
         if self.flops is not None and self.peak is not None:
             split.update(speed(self.flops.per_image, row["train_throughput"], self.peak))
-            if split["mfu"] > 1 and self.peak.how == "cached":  # measured on a busy machine
+            if split["mfu"] > 1 and self.peak.how != ENV:  # the probe read low: probed on a
+                # busy machine, or its shapes ran slower than the model's batches do
+                achieved = split["achieved_tflops"] / ranks.world_size()
                 self.peak = peak(self.device, self.amp_dtype, self.flops.heaviest_conv,
-                                 self.cfg.train.channels_last, again=True)
+                                 self.cfg.train.channels_last, again=True, at_least=achieved)
+                self.log.peak(self)
                 split.update(speed(self.flops.per_image, row["train_throughput"], self.peak))
         self.splits.append(split)
         return split

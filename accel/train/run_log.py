@@ -34,6 +34,13 @@ class RunLog:
         if self.tracker:
             retry_locked(self.tracker.log_metrics, self.run_id, values, step=step)
 
+    def peak(self, run: RunView) -> None:
+        """The peak MFU is measured against, and how it was found (accel.train.peak); logged
+        again where a run outran it and it was measured anew."""
+        if self.tracker and run.peak is not None:
+            retry_locked(self.tracker.set_tags, self.run_id, {"accel.peak": run.peak.how})
+            retry_locked(self.tracker.log_metrics, self.run_id, run.peak.metrics(), step=0)
+
     def best_weights(self, model: torch.nn.Module) -> None:
         """`checkpoint/best.pt` (a state_dict), logged as soon as an epoch beats the others."""
         if self.tracker and self.keep_checkpoints:
@@ -196,19 +203,12 @@ def _log_recipe(log: RunLog, run: RunView) -> None:
         if run.amp.metrics():
             retry_locked(tracker.log_metrics, log.run_id, run.amp.metrics(), step=0)
     retry_locked(log_splits, tracker.client, log.run_id, data_records(cfg, run.data))
-    _log_peak(log, run)
+    log.peak(run)
 
 
 def _speed_params(run: RunView) -> dict:
     """FLOPs of one training image (accel.flops): the model's and the input's, so a rerun's."""
     return {} if run.flops is None else {"resolved.flops_per_image": run.flops.per_image}
-
-
-def _log_peak(log: RunLog, run: RunView) -> None:
-    """The peak MFU is measured against, and how it was found (accel.train.peak)."""
-    if run.peak is not None:
-        retry_locked(log.tracker.set_tags, log.run_id, {"accel.peak": run.peak.how})
-        retry_locked(log.tracker.log_metrics, log.run_id, run.peak.metrics(), step=0)
 
 
 def data_records(cfg, data) -> list[dict]:
