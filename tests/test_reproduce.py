@@ -267,6 +267,26 @@ def test_environment_diff_names_each_difference():
     assert not any("seed" in x or "mlflow" in x or "cuda" in x for x in lines)
 
 
+def cpuinfo(name: str, family: int, model: int, flags: str) -> str:
+    block = (f"processor\t: {{n}}\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\n"
+             f"model\t\t: {model}\nmodel name\t: {name}\nflags\t\t: fpu avx2 {flags}\n")
+    return "\n".join(block.format(n=n) for n in range(2))  # two processors, a blank line between
+
+
+def test_the_cpu_is_named_by_its_kind_where_a_virtual_machine_names_all_alike():
+    """Zen 3 and Zen 4 guests both say 'AMD EPYC': their family and model numbers and bf16
+    instructions tell them apart (the probes' caches are keyed by this name)."""
+    from accel.tracking.environment import cpu_name
+
+    zen3 = cpu_name(cpuinfo("AMD EPYC", 25, 1, "avx512f"))
+    zen4 = cpu_name(cpuinfo("AMD EPYC", 25, 17, "avx512f avx512_bf16"))
+    xeon = cpu_name(cpuinfo("Intel(R) Xeon(R) Platinum 8581C", 6, 207, "amx_bf16 amx_tile"))
+    assert zen3 == "AMD EPYC (family 25 model 1)"
+    assert zen4 == "AMD EPYC (family 25 model 17, avx512_bf16)"
+    assert xeon == "Intel(R) Xeon(R) Platinum 8581C (family 6 model 207, amx_bf16)"
+    assert cpu_name("") and "(" not in cpu_name("")  # no /proc/cpuinfo: the platform's name
+
+
 def test_best_trial_of_a_study_reproduces_as_printed(original, tmp_path, capsys):
     uri = f"sqlite:///{_initialised_store(original, tmp_path / 'mlruns') / 'mlflow.db'}"
     storage = str(tmp_path / "optuna.journal")

@@ -37,14 +37,31 @@ def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
         return {"git_commit": None, "git_dirty": None}
 
 
-def cpu_name() -> str:
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # a CPU without them emulates bf16
+
+
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's kind: its model name with its family and model numbers and its bf16
+    instructions, e.g. 'AMD EPYC (family 25 model 17, avx512_bf16)'. A virtual machine often
+    names every generation alike ('AMD EPYC': Zen 3, 4 and 5), whose speeds and bf16 differ,
+    and the probes' caches (train.amp=auto, the peak) are keyed by this name."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        text = ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name")
+    if not name:
+        return platform.processor() or platform.machine()
+    kind = [f"family {fields['cpu family']} model {fields['model']}"] \
+        if "cpu family" in fields and "model" in fields else []
+    kind += [flag for flag in fields.get("flags", "").split() if flag in BF16_FLAGS]
+    return f"{name} ({', '.join(kind)})" if kind else name
 
 
 def environment(device: str, seed: int) -> dict[str, Any]:

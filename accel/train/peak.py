@@ -122,8 +122,8 @@ def cache_key(device: torch.device, dtype: torch.dtype | None, conv: tuple | Non
                        "channels_last" if channels_last else "contiguous"])
 
 
-def _matmul(device: torch.device, dtype: torch.dtype | None):
-    n = 8192 if device.type == "cuda" else 1024 if dtype is None else 512  # an emulated
+def _matmul(device: torch.device, dtype: torch.dtype | None, n: int | None = None):
+    n = n or (8192 if device.type == "cuda" else 1024 if dtype is None else 512)  # an emulated
     # precision on a CPU: within seconds
     g = torch.Generator(device=device).manual_seed(0)
     a, b = (torch.randn(n, n, generator=g, device=device, dtype=dtype or torch.float32)
@@ -131,7 +131,8 @@ def _matmul(device: torch.device, dtype: torch.dtype | None):
     return (lambda: torch.mm(a, b)), 2.0 * n**3, device
 
 
-def _conv(device: torch.device, dtype: torch.dtype | None, conv: tuple, channels_last: bool):
+def _conv(device: torch.device, dtype: torch.dtype | None, conv: tuple, channels_last: bool,
+          target: float | None = None):
     c_in, c_out, kernel, stride, padding, groups, h, w = conv
     layer = torch.nn.Conv2d(c_in, c_out, kernel, stride, padding, groups=groups, bias=False)
     layer = layer.to(device, dtype or torch.float32)
@@ -140,7 +141,7 @@ def _conv(device: torch.device, dtype: torch.dtype | None, conv: tuple, channels
         out_shape = layer(one).shape[1:]
     per_image = 2.0 * math.prod(out_shape) * c_in // groups * math.prod(kernel)
     # a few milliseconds of work per repeat (an emulated precision on a CPU: a tenth of a second)
-    target = 2e12 if device.type == "cuda" else 1e9 if dtype is None else 2.5e8
+    target = target or (2e12 if device.type == "cuda" else 1e9 if dtype is None else 2.5e8)
     batch = max(1, min(4096, int(target // per_image)))
     x = torch.randn(batch, c_in, h, w, device=device, dtype=dtype or torch.float32)
     if channels_last:
