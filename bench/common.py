@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 
 def time_rounds(contenders: dict[str, Callable[[], None]], rounds: int) -> dict[str, list[float]]:
@@ -47,26 +45,10 @@ def print_ratio(times: dict[str, list[float]], num: str, den: str, label: str, f
 
 
 def cpu_line() -> str:
-    """`lscpu`'s model name and the CPU's bf16 flags (without them torch emulates bf16), or
-    what /proc/cpuinfo says where lscpu is missing: the line a benchmark's numbers go beside."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        out = ""
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    name = fields.get("Model name", "").strip()
-    flags = fields.get("Flags", "").split()
-    if not name:
-        from accel.tracking.environment import cpu_name
+    """The CPU's kind (accel.tracking.environment.cpu_name: model name, family and model, bf16
+    instructions, or that it has none: then torch emulates bf16), the line a benchmark's numbers
+    go beside."""
+    from accel.tracking.environment import BF16_FLAGS, cpu_name
 
-        name = cpu_name()
-        flags = _cpuinfo_flags()
-    bf16 = [f for f in flags if "bf16" in f] or ["no bf16 flag"]
-    return f"{name} ({', '.join(bf16)})"
-
-
-def _cpuinfo_flags() -> list[str]:
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    return next((line.split(":", 1)[1].split() for line in lines
-                 if line.startswith("flags")), [])
+    name = cpu_name()
+    return name if any(flag in name for flag in BF16_FLAGS) else f"{name}, no bf16 flag"

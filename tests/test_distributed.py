@@ -86,9 +86,11 @@ def _done_then_aborting_teardown(leave: bool) -> None:
     when it is destroyed does ('terminate called without an active exception')."""
     import atexit
     import os
+    import resource
 
     from accel.train import launch
 
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the abort leaves no core file
     atexit.register(os.abort)
     print("follower done", flush=False)
     if leave:

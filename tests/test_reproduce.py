@@ -285,6 +285,10 @@ def test_the_cpu_is_named_by_its_kind_where_a_virtual_machine_names_all_alike():
     assert zen4 == "AMD EPYC (family 25 model 17, avx512_bf16)"
     assert xeon == "Intel(R) Xeon(R) Platinum 8581C (family 6 model 207, amx_bf16)"
     assert cpu_name("") and "(" not in cpu_name("")  # no /proc/cpuinfo: the platform's name
+    # A run logged when the CPU was named without its kind is not told the CPU differs.
+    assert environment_diff({"cpu": "AMD EPYC"}, {"cpu": zen4}) == []
+    assert environment_diff({"cpu": zen3}, {"cpu": zen4}) == [
+        f"environment differs: cpu: {zen3} in the run, {zen4} here"]
 
 
 def test_best_trial_of_a_study_reproduces_as_printed(original, tmp_path, capsys):

@@ -47,7 +47,9 @@ def test_the_peak_is_measured_once_then_cached_and_an_override_wins(tmp_path, mo
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(peak_probe.ENV, raising=False)
     cpu, conv = torch.device("cpu"), (8, 16, (3, 3), (1, 1), (1, 1), 1, 16, 16)
+    drawn = torch.get_rng_state()
     measured = peak_probe.peak(cpu, None, conv)
+    assert torch.equal(torch.get_rng_state(), drawn)  # the run's random stream is untouched
     assert measured.how == "measured" and measured.tflops > 0 and measured.vendor_tflops is None
     assert measured.tflops == max(measured.matmul_tflops, measured.conv_tflops)
     assert peak_probe.peak(cpu, None, conv).how == "cached"

@@ -122,8 +122,8 @@ def test_train_cli_logs_the_contract(tiny_overrides, store, tmp_path):
     assert 0 < run.data.metrics["mfu"] <= 1
     assert float(run.data.params["resolved.flops_per_image"]) > 0
     peak = [m.value for m in client.get_metric_history(run_id, "peak_tflops")]
-    assert len(peak) == 1 and peak[0] > run.data.metrics["achieved_tflops"]
-    assert run.data.tags["accel.peak"] in ("measured", "cached")
+    assert peak and peak[-1] >= run.data.metrics["achieved_tflops"]  # measured again if outrun
+    assert run.data.tags["accel.peak"] in ("measured", "cached", "achieved")
 
     top = {a.path for a in client.list_artifacts(run_id)}
     assert {"config.yaml", "environment.json", "confusion_matrix.png", "time_split.png",

@@ -114,7 +114,8 @@ def environment_diff(logged: dict[str, Any], current: dict[str, Any]) -> list[st
                 for name in sorted(set(old) | set(new))
                 if old.get(name) != new.get(name)
             ]
-        elif old != new:
+        elif old != new and not (key == "cpu" and str(new).startswith(f"{old} (")):  # a run
+            # logged when the CPU was named without its family, model and bf16 instructions
             lines.append(f"environment differs: {key}: {old} in the run, {new} here")
     if logged.get("git_dirty"):
         lines.append(

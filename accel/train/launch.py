@@ -176,13 +176,12 @@ def _follow(r: int, n: int, port: int, cfg: Config, resume, errors) -> None:
     from accel.train import train
 
     os.environ.update(_rank_environment(r, n, port))
-    idist.initialize(backend(cfg.train.device))
-    # Tensors handed to a spawned process arrive in memory shared with rank 0 (torch's
-    # pickling): the checkpoint's optimizer state would be stepped by both ranks. A copy each.
-    resume = copy.deepcopy(resume)
     code = 0
     try:
-        train(cfg, track=False, resume=resume)
+        idist.initialize(backend(cfg.train.device))
+        # Tensors handed to a spawned process arrive in memory shared with rank 0 (torch's
+        # pickling): the checkpoint's optimizer state would be stepped by both ranks. A copy.
+        train(cfg, track=False, resume=copy.deepcopy(resume))
     except Stopped:
         pass
     except BaseException as e:

@@ -68,7 +68,7 @@ def peak(device: torch.device, dtype: torch.dtype | None, conv: tuple | None,
     if cached and not again:
         return Peak(cached["tflops"], "cached", cached.get("matmul_tflops"),
                     cached.get("conv_tflops"), vendor)
-    found = _probe(device, dtype, conv, channels_last, vendor)
+    found = _probe_aside(device, dtype, conv, channels_last, vendor, again)
     if cached and cached["tflops"] > found.tflops:
         found = Peak(cached["tflops"], "cached", cached.get("matmul_tflops"),
                      cached.get("conv_tflops"), vendor)
@@ -77,6 +77,24 @@ def peak(device: torch.device, dtype: torch.dtype | None, conv: tuple | None,
     write_cache(key, {"tflops": found.tflops, "matmul_tflops": found.matmul_tflops,
                       "conv_tflops": found.conv_tflops}, CACHE)
     return found
+
+
+def _probe_aside(device: torch.device, dtype: torch.dtype | None, conv: tuple | None,
+                 channels_last: bool, vendor: float | None, again: bool) -> Peak:
+    """The probe, leaving the run as it found it: its random streams (the probe's layer and
+    inputs draw from them, and whether it runs depends on the cache and the machine's speed,
+    so a rerun or a resume could not replay those draws) and, on a GPU, its free memory. A probe
+    again in mid-run that finds no memory left is no peak (the run's own rate decides)."""
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            return _probe(device, dtype, conv, channels_last, vendor)
+    except torch.cuda.OutOfMemoryError:
+        if not again:
+            raise
+        return Peak(0.0, "measured", vendor_tflops=vendor)
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _probe(device: torch.device, dtype: torch.dtype | None, conv: tuple | None,
