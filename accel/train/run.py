@@ -125,6 +125,8 @@ class Run:
         self.keep_best()
         self.checkpoint()  # before the metrics: a run stopped between them logs them on resume
         split = self.time_epoch(row)  # the clock stops before the metrics' own call
+        self.confirm_lease()  # again: a worker frozen after the first (uploads, checkpoint,
+        # a peak probed again) has its trial failed meanwhile and logs no metric of it
         self.log_epoch(row, split)
         if self.reach_target():
             return
