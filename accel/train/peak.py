@@ -58,20 +58,24 @@ def peak(device: torch.device, dtype: torch.dtype | None, conv: tuple | None,
     has an answer (a run went faster than it), and keep the higher of the two: a busy machine
     can only make a probe read low. `at_least`: a rate a run achieved here (TFLOPS); where
     every probe reads below it, it is the highest rate known on this machine and so the peak
-    (how: "achieved"), cached for the runs after."""
+    (how: "achieved"), cached for the runs after; without `again`, a cached peak below it is
+    raised to it unprobed (a probe already read low here)."""
     vendor = vendor_tflops(device, dtype)
     if os.environ.get(ENV):
         return Peak(_from_env(), ENV, vendor_tflops=vendor)
     key = cache_key(device, dtype, conv, channels_last)
     cached = read_cache(CACHE).get(key)
     cached = cached if isinstance(cached, dict) and cached.get("tflops") else None
-    if cached and not again:
-        return Peak(cached["tflops"], "cached", cached.get("matmul_tflops"),
-                    cached.get("conv_tflops"), vendor)
-    found = _probe_aside(device, dtype, conv, channels_last, vendor, again)
-    if cached and cached["tflops"] > found.tflops:
-        found = Peak(cached["tflops"], "cached", cached.get("matmul_tflops"),
-                     cached.get("conv_tflops"), vendor)
+    known = Peak(cached["tflops"], "cached", cached.get("matmul_tflops"),
+                 cached.get("conv_tflops"), vendor) if cached else None
+    if known and not again:
+        if known.tflops >= at_least:
+            return known
+        found = known  # raised to the run's rate below, without probing
+    else:
+        found = _probe_aside(device, dtype, conv, channels_last, vendor, again)
+        if known and known.tflops > found.tflops:
+            found = known
     if at_least > found.tflops:
         found = Peak(at_least, "achieved", found.matmul_tflops, found.conv_tflops, vendor)
     write_cache(key, {"tflops": found.tflops, "matmul_tflops": found.matmul_tflops,

@@ -236,8 +236,9 @@ class Run:
             if split["mfu"] > 1 and self.peak.how != ENV:  # the probe read low: probed on a
                 # busy machine, or its shapes ran slower than the model's batches do
                 achieved = split["achieved_tflops"] / ranks.world_size()
+                again = self.peak.how != "achieved"  # probed low here already: no third time
                 self.peak = peak(self.device, self.amp_dtype, self.flops.heaviest_conv,
-                                 self.cfg.train.channels_last, again=True, at_least=achieved)
+                                 self.cfg.train.channels_last, again=again, at_least=achieved)
                 self.log.peak(self)
                 split.update(speed(self.flops.per_image, row["train_throughput"], self.peak))
         self.splits.append(split)
